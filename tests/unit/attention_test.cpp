@@ -1,0 +1,214 @@
+// Property tests: every CPU kernel against the double-precision reference on fresh random inputs.
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "attention/reference.h"
+#include "attention_case.h"
+
+namespace escala::test {
+namespace {
+
+using attn::Impl;
+
+// Runs `impl` and the reference on the same case; checks O element-wise and the LSE.
+void check_against_reference(const AttnCase& c, Impl impl, uint32_t seed, int num_splits = 0) {
+  std::mt19937 rng(seed);
+  AttnBuffers b = make_buffers(c, rng);
+  auto o = poisoned_output(b);
+  std::vector<float> lse(size_t(b.total_q) * c.h, std::nanf(""));
+  attn::CpuOptions opt;
+  opt.impl = impl;
+  opt.num_splits = num_splits;
+  Status st = attn::attention(b.params(o.data(), lse.data()), opt);
+  ASSERT_TRUE(st.ok()) << st.message();
+
+  AttnCase rc = c;
+  rc.o_dtype = DType::kF32;
+  std::vector<float> ref(size_t(b.total_q) * c.h * b.dv()), ref_lse(size_t(b.total_q) * c.h);
+  attn::AttentionParams rp = b.params(ref.data(), ref_lse.data());
+  rp.o_dtype = DType::kF32;
+  attn::attention_reference(rp);
+
+  const Tolerance tol = tolerance_for(c.o_dtype);
+  int bad = 0;
+  for (size_t i = 0; i < ref.size() && bad < 5; ++i) {
+    const float got = output_at(o, c.o_dtype, int64_t(i));
+    const double err = std::fabs(double(got) - ref[i]);
+    if (!(err <= tol.atol + tol.rtol * std::fabs(ref[i]))) {
+      ++bad;
+      ADD_FAILURE() << "O[" << i << "] = " << got << ", reference " << ref[i] << " (seed " << seed << ")";
+    }
+  }
+  for (size_t i = 0; i < ref_lse.size() && bad < 5; ++i) {
+    const bool both_empty = std::isinf(ref_lse[i]) && ref_lse[i] < 0 && std::isinf(lse[i]) && lse[i] < 0;
+    if (!both_empty && !(std::fabs(double(lse[i]) - ref_lse[i]) <= kLseTolerance * (1 + std::fabs(ref_lse[i])))) {
+      ++bad;
+      ADD_FAILURE() << "LSE[" << i << "] = " << lse[i] << ", reference " << ref_lse[i] << " (seed " << seed << ")";
+    }
+  }
+}
+
+AttnCase random_case(std::mt19937& rng, bool short_queries) {
+  AttnCase c;
+  auto pick = [&](std::initializer_list<int> xs) { return *(xs.begin() + rng() % xs.size()); };
+  c.d = pick({8, 16, 64, 72, 80, 96, 112, 128, 256});
+  c.dv = rng() % 5 == 0 ? pick({32, 64, 128}) : 0;
+  c.h_kv = pick({1, 2, 3});
+  c.h = c.h_kv * pick({1, 2, 7, 8});
+  const DType fl[] = {DType::kF32, DType::kF16, DType::kBF16};
+  c.q_dtype = fl[rng() % 3];
+  c.kv_dtype = c.q_dtype;
+  c.o_dtype = fl[rng() % 3];
+  const int batch = 1 + rng() % 3;
+  c.q_lens.clear();
+  c.kv_lens.clear();
+  for (int i = 0; i < batch; ++i) {
+    const int kv = pick({1, 2, 5, 17, 64, 100, 300});
+    const int q = short_queries ? 1 + int(rng() % std::min(16, kv)) : (rng() % 2 ? kv : 1 + int(rng() % kv));
+    c.q_lens.push_back(q);
+    c.kv_lens.push_back(kv);
+  }
+  c.causal = rng() % 2;
+  if (rng() % 3 == 0) c.window_left = pick({0, 1, 3, 16, 50});
+  if (rng() % 4 == 0) c.window_right = pick({0, 2, 9});
+  if (rng() % 3 == 0) c.num_sinks = pick({1, 4});
+  c.sink_logits = rng() % 3 == 0;
+  if (rng() % 3 == 0) c.softcap = 5.0f + float(rng() % 30);
+  if (rng() % 4 == 0) c.scale = 0.05f + float(rng() % 100) / 200.0f;
+  return c;
+}
+
+class AttentionProperty : public ::testing::TestWithParam<Impl> {};
+
+TEST_P(AttentionProperty, RandomCasesMatchReference) {
+  const Impl impl = GetParam();
+  std::mt19937 rng(std::random_device{}());
+  for (int iter = 0; iter < 60; ++iter) {
+    const uint32_t seed = rng();
+    std::mt19937 case_rng(seed);
+    AttnCase c = random_case(case_rng, impl == Impl::kDecode);
+    SCOPED_TRACE(::testing::Message() << "iter " << iter << " seed " << seed << " d=" << c.d << " h=" << c.h
+                                      << "/" << c.h_kv << " causal=" << c.causal << " win=" << c.window_left << ","
+                                      << c.window_right << " sinks=" << c.num_sinks << " softcap=" << c.softcap);
+    check_against_reference(c, impl, seed);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, AttentionProperty, ::testing::Values(Impl::kFlash, Impl::kDecode),
+                         [](const auto& info) { return info.param == Impl::kFlash ? "Flash" : "Decode"; });
+
+TEST(Attention, FastPathHeadDimsAllMasks) {
+  std::mt19937 rng(std::random_device{}());
+  for (int d : {64, 128, 256})
+    for (int mask = 0; mask < 4; ++mask)
+      for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+        AttnCase c;
+        c.d = d;
+        c.h = 8;
+        c.h_kv = 2;
+        c.q_dtype = c.kv_dtype = c.o_dtype = t;
+        c.q_lens = {300, 1};
+        c.kv_lens = {300, 200};
+        c.causal = mask >= 1;
+        if (mask >= 2) c.window_left = 70;
+        if (mask >= 3) { c.num_sinks = 4; c.softcap = 20.0f; c.sink_logits = true; }
+        check_against_reference(c, Impl::kFlash, rng());
+      }
+}
+
+TEST(Attention, QueryLongerThanKvMasksLeadingRows) {
+  AttnCase c;
+  c.q_lens = {9};
+  c.kv_lens = {4};
+  c.causal = true;
+  for (Impl impl : {Impl::kFlash, Impl::kDecode}) check_against_reference(c, impl, 7);
+}
+
+TEST(Attention, AllMaskedRowGivesZerosNotNan) {
+  // window_right = 0 and window_left = 0 with the diagonal beyond kv: nothing visible for early rows.
+  AttnCase c;
+  c.q_lens = {6};
+  c.kv_lens = {3};
+  c.causal = true;
+  std::mt19937 rng(1);
+  AttnBuffers b = make_buffers(c, rng);
+  auto o = poisoned_output(b);
+  std::vector<float> lse(size_t(b.total_q) * c.h);
+  for (Impl impl : {Impl::kFlash, Impl::kDecode, Impl::kReference}) {
+    attn::CpuOptions opt;
+    opt.impl = impl;
+    ASSERT_TRUE(attn::attention(b.params(o.data(), lse.data()), opt).ok());
+    for (int i = 0; i < 3 * c.h * c.d; ++i) EXPECT_EQ(output_at(o, c.o_dtype, i), 0.0f);  // rows 0..2 see nothing
+    for (int i = 0; i < 3 * c.h; ++i) EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0);
+  }
+}
+
+TEST(Attention, DecodeSplitCountsAgree) {
+  std::mt19937 rng(std::random_device{}());
+  for (int splits : {1, 2, 3, 8, 64}) {
+    AttnCase c;
+    c.d = 128;
+    c.h = 8;
+    c.h_kv = 2;
+    c.q_lens = {1, 4};
+    c.kv_lens = {1000, 37};
+    c.causal = true;
+    c.q_dtype = c.kv_dtype = DType::kBF16;
+    check_against_reference(c, Impl::kDecode, rng(), splits);
+  }
+}
+
+TEST(Attention, MergeOfDisjointKeyRangesEqualsWhole) {
+  // Attention over keys [0, 40) and [40, 100) merged by LSE equals attention over [0, 100).
+  std::mt19937 rng(std::random_device{}());
+  AttnCase c;
+  c.q_lens = {1};
+  c.kv_lens = {100};
+  c.h = 2;
+  c.h_kv = 2;
+  c.d = 32;
+  AttnBuffers b = make_buffers(c, rng);
+  std::vector<float> o_all(c.h * c.d), lse_all(c.h), o_a(c.h * c.d), lse_a(c.h), o_b(c.h * c.d), lse_b(c.h);
+  attn::AttentionParams p = b.params(o_all.data(), lse_all.data());
+  ASSERT_TRUE(attn::attention(p).ok());
+  int32_t cu_a[2] = {0, 40}, cu_b[2] = {0, 60};
+  attn::AttentionParams pa = b.params(o_a.data(), lse_a.data());
+  pa.cu_seqlens_k = cu_a;
+  ASSERT_TRUE(attn::attention(pa).ok());
+  attn::AttentionParams pb = b.params(o_b.data(), lse_b.data());
+  pb.cu_seqlens_k = cu_b;
+  pb.k = b.k.data() + 40 * pb.k_row_stride * 4;
+  pb.v = b.v.data() + 40 * pb.v_row_stride * 4;
+  ASSERT_TRUE(attn::attention(pb).ok());
+  for (int h = 0; h < c.h; ++h) {
+    attn::merge_partial(&o_a[h * c.d], &lse_a[h], &o_b[h * c.d], lse_b[h], c.d);
+    EXPECT_NEAR(lse_a[h], lse_all[h], 1e-5);
+    for (int i = 0; i < c.d; ++i) EXPECT_NEAR(o_a[h * c.d + i], o_all[h * c.d + i], 1e-5);
+  }
+}
+
+TEST(Attention, RejectsBadShapes) {
+  std::mt19937 rng(3);
+  AttnCase c;
+  AttnBuffers b = make_buffers(c, rng);
+  auto o = poisoned_output(b);
+  attn::AttentionParams p = b.params(o.data(), nullptr);
+  p.num_heads = 5;  // not divisible by 2
+  Status st = attn::attention(p);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("divisible"), std::string::npos);
+  p = b.params(o.data(), nullptr);
+  p.head_dim = 12;
+  EXPECT_FALSE(attn::attention(p).ok());
+  p = b.params(o.data(), nullptr);
+  p.window_left = -5;
+  EXPECT_FALSE(attn::attention(p).ok());
+  p = b.params(o.data(), nullptr);
+  p.softcap = -1.0f;
+  EXPECT_FALSE(attn::attention(p).ok());
+}
+
+}  // namespace
+}  // namespace escala::test

@@ -1,0 +1,5 @@
+// Placeholder until the command is written.
+#include "commands.h"
+namespace escala::cli {
+void add_bench_command(CLI::App& app, int& exit_code) { (void)app; (void)exit_code; }
+}  // namespace escala::cli
