@@ -79,6 +79,12 @@ struct AttentionParams {
   int32_t num_sinks = 0;
   const float* sink_logits = nullptr;  // [num_heads], optional
   float softcap = 0.0f;                // 0 = off
+
+  // Keys stored before RoPE (StreamingLLM): when rope_inv_freq is set, the kernels rotate key j of
+  // a sequence by angle j * inv_freq[i] at read time (j = its slot in the cache, so positions are
+  // re-assigned as tokens are evicted). Queries must come already rotated by their position i'.
+  const float* rope_inv_freq = nullptr;  // [head_dim / 2]
+  bool rope_neox = false;                // NeoX layout pairs (i, i + d/2); else (2i, 2i + 1)
 };
 
 enum class Impl : uint8_t {

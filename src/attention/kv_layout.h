@@ -70,6 +70,20 @@ ESCALA_HD KvSeq make_kv_seq(const AttentionParams& p, int32_t b, bool is_v) {
   return s;
 }
 
+// Rotates a key row in place by RoPE at position `pos` (keys stored before RoPE).
+template <class T>
+ESCALA_HD void apply_rope(T* x, int32_t d, int64_t pos, const float* inv_freq, bool neox) {
+  const int32_t half = d / 2;
+  for (int32_t i = 0; i < half; ++i) {
+    const int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    const double ang = double(pos) * double(inv_freq[i]);
+    const T c = T(cos(ang)), s = T(sin(ang));
+    const T xa = x[a], xb = x[b];
+    x[a] = xa * c - xb * s;
+    x[b] = xa * s + xb * c;
+  }
+}
+
 // Reads element c of a float-typed (f32/f16/bf16) row.
 ESCALA_HD float load_float(const void* row, DType t, int32_t c) {
   switch (t) {

@@ -16,7 +16,7 @@ void attention_reference(const AttentionParams& p) {
   const double scale = effective_scale(p);
   const Mask mask{p.causal, p.window_left, p.window_right, p.num_sinks};
   const int64_t qb = dtype_size(p.q_dtype), ob = dtype_size(p.o_dtype);
-  std::vector<double> s, acc(dv);
+  std::vector<double> s, acc(dv), key(p.head_dim);
   for (int b = 0; b < p.batch; ++b) {
     const int64_t q0 = p.cu_seqlens_q[b], q_len = p.cu_seqlens_q[b + 1] - q0;
     const int64_t kv_len = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
@@ -33,8 +33,10 @@ void attention_reference(const AttentionParams& p) {
             s[j] = -std::numeric_limits<double>::infinity();
             continue;
           }
+          for (int c = 0; c < p.head_dim; ++c) key[c] = K.load(j, hk, c);
+          if (p.rope_inv_freq) apply_rope(key.data(), p.head_dim, j, p.rope_inv_freq, p.rope_neox);
           double dot = 0;
-          for (int c = 0; c < p.head_dim; ++c) dot += double(load_float(qrow, p.q_dtype, c)) * K.load(j, hk, c);
+          for (int c = 0; c < p.head_dim; ++c) dot += double(load_float(qrow, p.q_dtype, c)) * key[c];
           double x = dot * scale;
           if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
           s[j] = x;
