@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""CUDA prefill benchmark: Escala's kernel next to PyTorch's scaled_dot_product_attention with its
+cuDNN and FlashAttention-2 backends, and FlexAttention for the window and sink masks.
+
+Every implementation runs the same shapes on fresh random bf16 inputs (normal, never zeros), timed
+with CUDA events around each call, median of --reps runs after warm-up. FLOPs are counted over the
+(query, key) pairs the mask lets through: 4 * d * pairs * h * B (so a causal square is about half
+of the dense one); the same count divides every implementation's time.
+
+Usage: python3 bench/attention_prefill_bench.py --bin build/tests/escala_gpu_tests [--reps 30]
+"""
+import argparse
+import math
+import re
+import statistics
+import subprocess
+import sys
+
+# name, B, S, h, hk, d, causal, window_left, sinks   (window_left -1: none; window right is 0 when set)
+TOKENS = 32768
+
+
+def shapes():
+    out = []
+    for d in (64, 128, 256):
+        for s in (1024, 4096, 16384):
+            for causal in (0, 1):
+                out.append((f"d{d}_S{s//1024}k_{'causal' if causal else 'full'}", TOKENS // s, s, 16, 16, d, causal, -1, 0))
+    out.append(("gqa32/8_d128_S8k_full", TOKENS // 8192, 8192, 32, 8, 128, 0, -1, 0))
+    out.append(("gqa32/8_d128_S8k_causal", TOKENS // 8192, 8192, 32, 8, 128, 1, -1, 0))
+    # A window of 4096 keys including the query itself: window_left = 4095, causal.
+    out.append(("window4096_d128_S16k", TOKENS // 16384, 16384, 16, 16, 128, 1, 4095, 0))
+    out.append(("sinks4+window4096_d128_S16k", TOKENS // 16384, 16384, 16, 16, 128, 1, 4095, 4))
+    return out
+
+
+def visible_pairs(S, causal, wl, sinks):
+    """Visible (query, key) pairs of one S x S sequence (same rule as the C++ bench)."""
+    total = 0
+    for qp in range(S):
+        end = qp + 1 if causal else S
+        wb = max(0, qp - wl) if wl >= 0 else 0
+        total += max(0, end - wb) + max(0, min(sinks, end, wb))
+    return total
+
+
+def flops(shape):
+    _, B, S, h, _, d, causal, wl, sinks = shape
+    return 4.0 * d * visible_pairs(S, causal, wl, sinks) * h * B
+
+
+def run_escala(binary, shape_list, reps):
+    specs = []
+    for name, B, S, h, hk, d, causal, wl, sinks in shape_list:
+        spec = f"{name},B={B},S={S},h={h},hk={hk},d={d},causal={causal},sinks={sinks}"
+        if wl >= 0:
+            spec += f",wl={wl},wr=0"
+        specs.append(spec)
+    proc = subprocess.run([binary, "--bench", "--reps", str(reps)] + specs, capture_output=True, text=True)
+    sys.stderr.write(proc.stdout + proc.stderr)
+    res = {}
+    for line in proc.stdout.splitlines():
+        m = re.match(r"BENCH name=(\S+) ms=([\d.]+) tflops=([\d.]+)", line)
+        if m:
+            res[m.group(1)] = (float(m.group(2)), float(m.group(3)))
+    return res
+
+
+def time_cuda(fn, reps):
+    import torch
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def run_peers(shape, reps, flex_cache):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    name, B, S, h, hk, d, causal, wl, sinks = shape
+    torch.manual_seed(hash(name) % 1000)
+    q = torch.randn(B, h, S, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, hk, S, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, hk, S, d, device="cuda", dtype=torch.bfloat16)
+    fl = flops(shape)
+    out = {}
+    if wl < 0 and sinks == 0:
+        for label, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION), ("FA2", SDPBackend.FLASH_ATTENTION)):
+            try:
+                def fn():
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), enable_gqa=hk != h)
+                ms = time_cuda(fn, reps)
+                out[label] = fl / (ms * 1e-3) / 1e12
+            except Exception as e:  # backend refuses this shape
+                sys.stderr.write(f"{name} {label}: {type(e).__name__}: {str(e)[:200]}\n")
+                out[label] = None
+    else:
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            if "fn" not in flex_cache:
+                flex_cache["fn"] = torch.compile(flex_attention, dynamic=False)
+            flex = flex_cache["fn"]
+
+            def mask_mod(b, hh, qi, ki):
+                vis = (ki <= qi) & ((qi - ki <= wl) | (ki < sinks))
+                return vis
+
+            bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=S, KV_LEN=S, device="cuda")
+            ms = time_cuda(lambda: flex(q, k, v, block_mask=bm, enable_gqa=hk != h), reps)
+            out["Flex"] = fl / (ms * 1e-3) / 1e12
+        except Exception as e:
+            sys.stderr.write(f"{name} Flex: {type(e).__name__}: {str(e)[:300]}\n")
+            out["Flex"] = None
+    del q, k, v
+    torch.cuda.empty_cache()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True, help="escala_gpu_tests binary")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--filter", default="", help="only shapes whose name contains this")
+    ap.add_argument("--no-peers", action="store_true")
+    args = ap.parse_args()
+
+    shape_list = [s for s in shapes() if args.filter in s[0]]
+    esc = run_escala(args.bin, shape_list, args.reps)
+    rows = []
+    flex_cache = {}
+    for s in shape_list:
+        peers = {} if args.no_peers else run_peers(s, args.reps, flex_cache)
+        rows.append((s, esc.get(s[0]), peers))
+
+    try:
+        import torch
+        gpu = torch.cuda.get_device_name(0) + f", torch {torch.__version__}"
+    except Exception:
+        gpu = "?"
+    print(f"\n# CUDA prefill, bf16, TFLOP/s over visible pairs (4*d*pairs*h*B); {gpu}; median of {args.reps}")
+    print("| shape | B | Escala | cuDNN | FA2 | Flex | best peer | Escala / best |")
+    print("|---|---|---|---|---|---|---|---|")
+    ratios_dense = []
+    for s, e, peers in rows:
+        et = e[1] if e else None
+        vals = {k: v for k, v in peers.items() if v}
+        best = max(vals.values()) if vals else None
+        ratio = et / best if (et and best) else None
+        if ratio and s[7] < 0 and s[8] == 0:
+            ratios_dense.append(ratio)
+        f = lambda x: f"{x:.0f}" if x else "n/a"
+        print(f"| {s[0]} | {s[1]} | {f(et)} | {f(peers.get('cuDNN'))} | {f(peers.get('FA2'))} | "
+              f"{f(peers.get('Flex'))} | {f(best)} | {ratio:.2f} |" if ratio else
+              f"| {s[0]} | {s[1]} | {f(et)} | {f(peers.get('cuDNN'))} | {f(peers.get('FA2'))} | "
+              f"{f(peers.get('Flex'))} | {f(best)} | n/a |")
+    if ratios_dense:
+        gm = math.exp(sum(math.log(r) for r in ratios_dense) / len(ratios_dense))
+        print(f"\ngeometric mean Escala / best peer over {len(ratios_dense)} dense shapes: {gm:.3f}")
+
+
+if __name__ == "__main__":
+    main()

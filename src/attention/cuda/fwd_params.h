@@ -1,0 +1,37 @@
+// The plain struct the CUDA prefill kernels take (no STL, no pointers to host memory): built once
+// by the launcher from AttentionParams. C++17, includable by host and device code.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/variant.h"
+
+namespace escala::attn::cuda {
+
+struct FwdParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;                // [total_q, num_heads] or null
+  const float* sink_logits = nullptr;  // [num_heads] or null
+
+  int64_t q_row_stride = 0, q_head_stride = 0;
+  int64_t k_row_stride = 0, k_head_stride = 0;
+  int64_t v_row_stride = 0, v_head_stride = 0;
+  int64_t o_row_stride = 0, o_head_stride = 0;
+
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int32_t batch = 0;
+  int32_t num_heads = 0;
+  int32_t group = 1;  // num_heads / num_kv_heads
+  int32_t num_m_blocks = 0;  // grid.x: query tiles of the longest sequence
+
+  float scale = 1.0f;       // softmax scale
+  float scale_log2 = 1.0f;  // scale * log2(e)
+  float softcap = 0.0f;     // 0 = off
+  Mask mask;
+};
+
+}  // namespace escala::attn::cuda

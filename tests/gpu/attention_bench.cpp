@@ -1,0 +1,163 @@
+// Benchmark mode of the GPU test binary: `escala_gpu_tests --bench [--reps N] SPEC...` where SPEC is
+// name,B=..,S=..[,Sk=..],h=..,hk=..,d=..[,causal=1][,wl=..][,wr=..][,sinks=..][,dtype=bf16|f16].
+// Fresh random inputs per shape (never zeros), CUDA events around each launch, median of N.
+// FLOPs = 4 * d * (visible (query, key) pairs) * h * B: only pairs the mask lets through count.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention/variant.h"
+#include "escala/attention_cuda.h"
+#include "gpu_util.h"
+
+namespace escala::gputest {
+
+namespace {
+
+struct Shape {
+  std::string name;
+  int B = 1, S = 1024, Sk = 0, h = 16, hk = 16, d = 128, wl = -1, wr = -1, sinks = 0;
+  bool causal = false;
+  DType dt = DType::kBF16;
+};
+
+bool parse_shape(const std::string& spec, Shape& s) {
+  std::stringstream ss(spec);
+  std::string tok;
+  bool first = true;
+  while (std::getline(ss, tok, ',')) {
+    if (first) {
+      s.name = tok, first = false;
+      continue;
+    }
+    const auto eq = tok.find('=');
+    if (eq == std::string::npos) return false;
+    const std::string k = tok.substr(0, eq), v = tok.substr(eq + 1);
+    if (k == "dtype") {
+      if (v != "bf16" && v != "f16") return false;
+      s.dt = v == "bf16" ? DType::kBF16 : DType::kF16;
+      continue;
+    }
+    const int x = std::atoi(v.c_str());
+    if (k == "B") s.B = x;
+    else if (k == "S") s.S = x;
+    else if (k == "Sk") s.Sk = x;
+    else if (k == "h") s.h = x;
+    else if (k == "hk") s.hk = x;
+    else if (k == "d") s.d = x;
+    else if (k == "causal") s.causal = x != 0;
+    else if (k == "wl") s.wl = x;
+    else if (k == "wr") s.wr = x;
+    else if (k == "sinks") s.sinks = x;
+    else return false;
+  }
+  if (s.Sk == 0) s.Sk = s.S;
+  return !first;
+}
+
+// Visible (query, key) pairs of one sequence, from the one Mask definition.
+double visible_pairs(const attn::Mask& m, int64_t q_len, int64_t kv_len) {
+  double pairs = 0;
+  for (int64_t i = 0; i < q_len; ++i) {
+    const int64_t qp = i + kv_len - q_len;
+    const int64_t end = m.key_end(qp, kv_len), wb = m.window_begin(qp);
+    const int64_t win = std::max<int64_t>(0, end - wb);
+    const int64_t snk = std::max<int64_t>(0, std::min({static_cast<int64_t>(m.num_sinks), end, wb}));
+    pairs += static_cast<double>(win + snk);
+  }
+  return pairs;
+}
+
+}  // namespace
+
+int run_bench(int argc, char** argv) {
+  int reps = 30;
+  std::vector<Shape> shapes;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) {
+      reps = std::max(1, std::atoi(argv[++i]));
+      continue;
+    }
+    Shape s;
+    if (!parse_shape(a, s)) {
+      std::fprintf(stderr, "bad shape spec: %s\n", a.c_str());
+      return 2;
+    }
+    shapes.push_back(s);
+  }
+  cudaDeviceProp prop{};
+  GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  cudaStream_t stream;
+  GPU_CHECK(cudaStreamCreate(&stream));
+  cudaEvent_t e0, e1;
+  GPU_CHECK(cudaEventCreate(&e0));
+  GPU_CHECK(cudaEventCreate(&e1));
+  uint64_t seed = 1;
+  for (const Shape& s : shapes) {
+    const int64_t tq = static_cast<int64_t>(s.B) * s.S, tk = static_cast<int64_t>(s.B) * s.Sk;
+    const size_t nq = tq * s.h * s.d, nk = tk * s.hk * s.d;
+    std::vector<uint16_t> host(std::max(nq, nk));
+    DeviceBuffer dq(nq * 2), dk(nk * 2), dv(nk * 2), d_o(nq * 2), dlse(tq * s.h * 4), dcq((s.B + 1) * 4),
+        dck((s.B + 1) * 4);
+    fast_random_half(host.data(), nq, s.dt, seed++);
+    GPU_CHECK(cudaMemcpy(dq.get(), host.data(), nq * 2, cudaMemcpyHostToDevice));
+    fast_random_half(host.data(), nk, s.dt, seed++);
+    GPU_CHECK(cudaMemcpy(dk.get(), host.data(), nk * 2, cudaMemcpyHostToDevice));
+    fast_random_half(host.data(), nk, s.dt, seed++);
+    GPU_CHECK(cudaMemcpy(dv.get(), host.data(), nk * 2, cudaMemcpyHostToDevice));
+    std::vector<int32_t> cu_q(s.B + 1), cu_k(s.B + 1);
+    for (int b = 0; b <= s.B; ++b) cu_q[b] = b * s.S, cu_k[b] = b * s.Sk;
+    dcq.upload(cu_q), dck.upload(cu_k);
+
+    attn::AttentionParams p;
+    p.q = dq.get(), p.k = dk.get(), p.v = dv.get(), p.o = d_o.get(), p.lse = dlse.get<float>();
+    p.q_dtype = p.kv_dtype = p.o_dtype = s.dt;
+    p.q_row_stride = p.o_row_stride = static_cast<int64_t>(s.h) * s.d;
+    p.k_row_stride = p.v_row_stride = static_cast<int64_t>(s.hk) * s.d;
+    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = s.d;
+    p.batch = s.B, p.cu_seqlens_q = dcq.get<int32_t>(), p.cu_seqlens_k = dck.get<int32_t>();
+    p.num_heads = s.h, p.num_kv_heads = s.hk, p.head_dim = s.d;
+    p.causal = s.causal, p.window_left = s.wl, p.window_right = s.wr, p.num_sinks = s.sinks;
+    attn::CudaOptions opt;
+    opt.host_cu_seqlens_q = cu_q.data(), opt.host_cu_seqlens_k = cu_k.data();
+
+    const attn::Mask mask{s.causal, s.wl, s.wr, s.sinks};
+    const double flops = 4.0 * s.d * visible_pairs(mask, s.S, s.Sk) * s.h * s.B;
+    std::vector<float> ms;
+    bool failed = false;
+    for (int r = 0; r < reps + 3 && !failed; ++r) {
+      GPU_CHECK(cudaEventRecord(e0, stream));
+      const Status st = attn::attention_cuda(p, stream, opt);
+      GPU_CHECK(cudaEventRecord(e1, stream));
+      if (!st.ok()) {
+        std::printf("BENCH name=%s error=\"%s\"\n", s.name.c_str(), st.message().c_str());
+        failed = true;
+        break;
+      }
+      GPU_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      GPU_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      if (r >= 3) ms.push_back(t);
+    }
+    if (failed) continue;
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    std::printf("BENCH name=%s ms=%.4f tflops=%.1f min_ms=%.4f max_ms=%.4f flops=%.6g\n", s.name.c_str(), med,
+                flops / (med * 1e-3) / 1e12, ms.front(), ms.back(), flops);
+    std::fflush(stdout);
+  }
+  GPU_CHECK(cudaEventDestroy(e0));
+  GPU_CHECK(cudaEventDestroy(e1));
+  GPU_CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
+
+}  // namespace escala::gputest

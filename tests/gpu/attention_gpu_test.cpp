@@ -1,0 +1,365 @@
+// The CUDA prefill kernel against the double-precision reference on fresh random inputs: every
+// feature alone and combined, odd lengths, GQA ratios, strided layouts, poisoned outputs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attention/reference.h"
+#include "escala/attention_cuda.h"
+#include "gpu_util.h"
+
+namespace escala::gputest {
+namespace {
+
+using attn::AttentionParams;
+
+// Tolerances, written once: |gpu - ref| <= atol + rtol * |ref| per element (ref in double, O
+// stored in the kernel's dtype, so one rounding of the output is inside the bound).
+struct Tolerance {
+  double atol, rtol;
+};
+constexpr Tolerance kTolBf16{1.5e-2, 1.5e-2};
+constexpr Tolerance kTolF16{3e-3, 3e-3};
+constexpr Tolerance kTolLse{2e-3, 2e-4};
+
+struct Case {
+  std::vector<int> q_lens, kv_lens;
+  int h = 4, hk = 4, d = 64;
+  DType dt = DType::kBF16;
+  bool causal = false;
+  int wl = -1, wr = -1, sinks = 0;
+  bool sink_logits = false;
+  float softcap = 0.0f;
+  float scale = 0.0f;
+  bool packed_qkv = false;    // Q, K, V interleaved in one [T, h + 2 hk, d] buffer
+  bool host_seqlens = true;   // give the launcher host copies of cu_seqlens
+  uint64_t seed = 1;
+
+  std::string describe() const {
+    std::ostringstream os;
+    os << "q_lens={";
+    for (int x : q_lens) os << x << ",";
+    os << "} kv_lens={";
+    for (int x : kv_lens) os << x << ",";
+    os << "} h=" << h << " hk=" << hk << " d=" << d << " " << dtype_name(dt) << " causal=" << causal
+       << " window=(" << wl << "," << wr << ") sinks=" << sinks << " sink_logits=" << sink_logits
+       << " softcap=" << softcap << " packed=" << packed_qkv;
+    return os.str();
+  }
+};
+
+struct Outputs {
+  std::vector<uint16_t> o;
+  std::vector<float> lse;
+};
+
+// Runs the reference one (query head) at a time, in parallel over heads.
+void parallel_reference(const AttentionParams& p, std::vector<float>& o_ref, std::vector<float>& lse_ref,
+                        int64_t total_q) {
+  const int group = p.num_heads / p.num_kv_heads;
+  const int d = p.head_dim;
+  std::vector<std::vector<float>> lse_h(p.num_heads, std::vector<float>(total_q));
+  auto run = [&](int h) {
+    AttentionParams r = p;
+    const size_t qb = dtype_size(p.q_dtype), kb = dtype_size(p.kv_dtype);
+    r.q = static_cast<const uint8_t*>(p.q) + h * p.q_head_stride * qb;
+    r.k = static_cast<const uint8_t*>(p.k) + (h / group) * p.k_head_stride * kb;
+    r.v = static_cast<const uint8_t*>(p.v) + (h / group) * p.v_head_stride * kb;
+    r.num_heads = r.num_kv_heads = 1;
+    r.o = o_ref.data() + static_cast<size_t>(h) * d;
+    r.o_dtype = DType::kF32;
+    r.o_row_stride = static_cast<int64_t>(p.num_heads) * d;
+    r.o_head_stride = d;
+    r.lse = lse_h[h].data();
+    r.sink_logits = p.sink_logits ? p.sink_logits + h : nullptr;
+    attn::attention_reference(r);
+  };
+  const int hw = std::max(1u, std::thread::hardware_concurrency());
+  for (int h0 = 0; h0 < p.num_heads; h0 += hw) {
+    std::vector<std::thread> ts;
+    for (int h = h0; h < std::min(p.num_heads, h0 + hw); ++h) ts.emplace_back(run, h);
+    for (auto& t : ts) t.join();
+  }
+  for (int h = 0; h < p.num_heads; ++h)
+    for (int64_t i = 0; i < total_q; ++i) lse_ref[i * p.num_heads + h] = lse_h[h][i];
+}
+
+// Runs one case on the GPU, twice (the two results must be bit-identical: a moving result is a
+// race), and checks it against the reference.
+void check_case(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  ASSERT_EQ(c.q_lens.size(), c.kv_lens.size());
+  const int batch = static_cast<int>(c.q_lens.size());
+  std::vector<int32_t> cu_q(batch + 1, 0), cu_k(batch + 1, 0);
+  for (int b = 0; b < batch; ++b) cu_q[b + 1] = cu_q[b] + c.q_lens[b], cu_k[b + 1] = cu_k[b] + c.kv_lens[b];
+  const int64_t tq = cu_q[batch], tk = cu_k[batch];
+  const int d = c.d;
+
+  AttentionParams p;
+  p.q_dtype = p.kv_dtype = p.o_dtype = c.dt;
+  p.batch = batch;
+  p.num_heads = c.h, p.num_kv_heads = c.hk, p.head_dim = d;
+  p.causal = c.causal, p.window_left = c.wl, p.window_right = c.wr, p.num_sinks = c.sinks;
+  p.softcap = c.softcap, p.softmax_scale = c.scale;
+
+  // Host inputs.
+  std::vector<uint16_t> hq, hk_, hv, hqkv;
+  if (c.packed_qkv) {
+    EXPECT_EQ(tq, tk);
+    const int64_t row = static_cast<int64_t>(c.h + 2 * c.hk) * d;
+    hqkv = random_half(tq * row, c.dt, c.seed);
+    p.q = hqkv.data();
+    p.k = hqkv.data() + static_cast<size_t>(c.h) * d;
+    p.v = hqkv.data() + static_cast<size_t>(c.h + c.hk) * d;
+    p.q_row_stride = p.k_row_stride = p.v_row_stride = row;
+  } else {
+    hq = random_half(tq * c.h * d, c.dt, c.seed);
+    hk_ = random_half(tk * c.hk * d, c.dt, c.seed + 1000);
+    hv = random_half(tk * c.hk * d, c.dt, c.seed + 2000);
+    p.q = hq.data(), p.k = hk_.data(), p.v = hv.data();
+    p.q_row_stride = static_cast<int64_t>(c.h) * d;
+    p.k_row_stride = p.v_row_stride = static_cast<int64_t>(c.hk) * d;
+  }
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = d;
+  p.o_row_stride = static_cast<int64_t>(c.h) * d, p.o_head_stride = d;
+  std::vector<float> sinks(c.h);
+  for (int h = 0; h < c.h; ++h) sinks[h] = 0.5f * static_cast<float>(h % 5) - 0.5f;  // -0.5 .. 1.5
+  p.sink_logits = c.sink_logits ? sinks.data() : nullptr;
+  p.cu_seqlens_q = cu_q.data(), p.cu_seqlens_k = cu_k.data();
+
+  // Reference.
+  std::vector<float> o_ref(tq * c.h * d), lse_ref(tq * c.h);
+  parallel_reference(p, o_ref, lse_ref, tq);
+
+  // Device copies.
+  DeviceBuffer dq, dk, dv, dqkv, d_o(std::max<int64_t>(1, tq * c.h * d) * 2), d_lse(std::max<int64_t>(1, tq * c.h) * 4),
+      dcq((batch + 1) * 4), dck((batch + 1) * 4), dsink(c.h * 4);
+  AttentionParams g = p;
+  if (c.packed_qkv) {
+    dqkv = DeviceBuffer(hqkv.size() * 2);
+    dqkv.upload(hqkv);
+    g.q = dqkv.get<uint16_t>();
+    g.k = dqkv.get<uint16_t>() + static_cast<size_t>(c.h) * d;
+    g.v = dqkv.get<uint16_t>() + static_cast<size_t>(c.h + c.hk) * d;
+  } else {
+    dq = DeviceBuffer(std::max<size_t>(2, hq.size() * 2));
+    dk = DeviceBuffer(std::max<size_t>(2, hk_.size() * 2));
+    dv = DeviceBuffer(std::max<size_t>(2, hv.size() * 2));
+    if (!hq.empty()) dq.upload(hq);
+    if (!hk_.empty()) dk.upload(hk_), dv.upload(hv);
+    g.q = dq.get(), g.k = dk.get(), g.v = dv.get();
+  }
+  dcq.upload(cu_q), dck.upload(cu_k), dsink.upload(sinks);
+  g.cu_seqlens_q = dcq.get<int32_t>(), g.cu_seqlens_k = dck.get<int32_t>();
+  g.sink_logits = c.sink_logits ? dsink.get<float>() : nullptr;
+  g.o = d_o.get(), g.lse = d_lse.get<float>();
+  attn::CudaOptions opt;
+  if (c.host_seqlens) opt.host_cu_seqlens_q = cu_q.data(), opt.host_cu_seqlens_k = cu_k.data();
+
+  Outputs run[2];
+  for (auto& r : run) {
+    GPU_CHECK(cudaMemset(d_o.get(), 0xff, d_o.bytes()));    // NaN in f16 and bf16
+    GPU_CHECK(cudaMemset(d_lse.get(), 0xff, d_lse.bytes()));  // NaN
+    const Status st = attn::attention_cuda(g, nullptr, opt);
+    ASSERT_TRUE(st.ok()) << st.message();
+    GPU_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(cudaGetLastError());
+    r.o.resize(tq * c.h * d), r.lse.resize(tq * c.h);
+    if (tq > 0) d_o.download(r.o), d_lse.download(r.lse);
+  }
+  ASSERT_TRUE(run[0].o == run[1].o) << "two runs differ: a race?";
+  ASSERT_EQ(std::memcmp(run[0].lse.data(), run[1].lse.data(), run[0].lse.size() * 4), 0) << "LSE differs between runs";
+
+  const Tolerance tol = c.dt == DType::kBF16 ? kTolBf16 : kTolF16;
+  int64_t bad = 0;
+  double max_err = 0, err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < o_ref.size(); ++i) {
+    const double x = half_to_float(run[0].o[i], c.dt), r = o_ref[i];
+    const double e = std::fabs(x - r);
+    err2 += e * e, ref2 += r * r;
+    if (!(e <= tol.atol + tol.rtol * std::fabs(r))) {
+      if (bad < 5) ADD_FAILURE() << "O[" << i << "] (row " << i / (c.h * d) << ", head " << (i / d) % c.h << ", col "
+                                 << i % d << ") = " << x << ", ref " << r;
+      ++bad;
+    }
+    if (!std::isnan(e)) max_err = std::max(max_err, e);
+  }
+  EXPECT_EQ(bad, 0) << "elements out of tolerance (max err " << max_err << ")";
+  if (ref2 > 0) EXPECT_LT(std::sqrt(err2 / ref2), c.dt == DType::kBF16 ? 8e-3 : 2e-3);
+  int64_t bad_lse = 0;
+  for (size_t i = 0; i < lse_ref.size(); ++i) {
+    const float x = run[0].lse[i], r = lse_ref[i];
+    const bool ok = std::isinf(r) ? x == r : std::fabs(double(x) - r) <= kTolLse.atol + kTolLse.rtol * std::fabs(r);
+    if (!ok) {
+      if (bad_lse < 5) ADD_FAILURE() << "LSE[" << i << "] = " << x << ", ref " << r;
+      ++bad_lse;
+    }
+  }
+  EXPECT_EQ(bad_lse, 0);
+}
+
+const DType kDtypes[] = {DType::kBF16, DType::kF16};
+
+TEST(AttentionCuda, DenseHeadDimsDtypesCausal) {
+  for (int d : {64, 128, 256})
+    for (DType dt : kDtypes)
+      for (bool causal : {false, true}) {
+        Case c;
+        c.q_lens = c.kv_lens = {1, 7, 129, 1000};
+        c.h = 4, c.hk = 1, c.d = d, c.dt = dt, c.causal = causal;
+        c.seed = static_cast<uint64_t>(d * 10 + causal);
+        check_case(c);
+      }
+}
+
+TEST(AttentionCuda, GqaRatios) {
+  for (int hk : {8, 2, 1})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.q_lens = c.kv_lens = {129, 300};
+      c.h = 8, c.hk = hk, c.d = 128, c.causal = causal, c.seed = 100 + hk;
+      check_case(c);
+    }
+}
+
+TEST(AttentionCuda, AppendQueriesShorterThanKeys) {
+  for (int d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.q_lens = {1, 7, 129, 64, 30};
+      c.kv_lens = {1000, 130, 700, 64, 4097};
+      c.h = 2, c.hk = 1, c.d = d, c.causal = causal, c.dt = d == 128 ? DType::kF16 : DType::kBF16;
+      c.seed = 200 + d;
+      check_case(c);
+    }
+}
+
+TEST(AttentionCuda, EmptyRowsAndEmptySequences) {
+  Case c;  // queries before the first key (q longer than kv), an empty kv run, an empty q run
+  c.q_lens = {100, 5, 0, 10};
+  c.kv_lens = {30, 0, 20, 20};
+  c.h = 2, c.hk = 2, c.d = 64, c.causal = true;
+  check_case(c);
+  c.sink_logits = true;  // rows with no key still get the sink: O = 0, LSE = sink
+  check_case(c);
+  Case w;  // a window around the diagonal with q longer than kv: the first rows see no key
+  w.q_lens = {200};
+  w.kv_lens = {50};
+  w.wl = 3, w.wr = 3, w.d = 128, w.h = 1, w.hk = 1;
+  check_case(w);
+}
+
+TEST(AttentionCuda, SlidingWindows) {
+  const int windows[][2] = {{16, 0}, {100, 50}, {-1, 20}, {37, -1}, {0, 0}, {200, 200}};
+  for (auto& wnd : windows)
+    for (bool causal : {false, true}) {
+      Case c;
+      c.q_lens = c.kv_lens = {1000, 129};
+      c.h = 2, c.hk = 1, c.d = 64, c.causal = causal, c.wl = wnd[0], c.wr = wnd[1];
+      c.seed = 300 + wnd[0] + causal;
+      check_case(c);
+    }
+}
+
+TEST(AttentionCuda, SinksWithWindows) {
+  struct S {
+    int sinks, wl, wr;
+    bool causal;
+  };
+  const S cases[] = {{4, 64, 0, true}, {70, 10, 0, true}, {4, 10, 10, false}, {130, 300, -1, false}, {1, 0, 0, true}};
+  for (const S& s : cases)
+    for (int d : {128, 256}) {
+      Case c;
+      c.q_lens = {1000, 7};
+      c.kv_lens = {1000, 300};
+      c.h = 4, c.hk = 2, c.d = d, c.causal = s.causal, c.wl = s.wl, c.wr = s.wr, c.sinks = s.sinks;
+      c.seed = 400 + s.sinks + d;
+      check_case(c);
+    }
+}
+
+TEST(AttentionCuda, SinkLogitsSoftcapScale) {
+  for (int d : {64, 128, 256})
+    for (DType dt : kDtypes) {
+      Case c;
+      c.q_lens = {129, 500};
+      c.kv_lens = {200, 500};
+      c.h = 4, c.hk = 1, c.d = d, c.dt = dt, c.causal = true, c.sink_logits = true, c.softcap = 2.0f;
+      c.scale = 0.3f;  // with softcap 2 the cap bites
+      c.seed = 500 + d;
+      check_case(c);
+      c.softcap = 30.0f, c.scale = 0.0f, c.causal = false, c.wl = 64, c.wr = 64, c.sinks = 4;
+      check_case(c);
+    }
+}
+
+TEST(AttentionCuda, PackedQkvStridesAndDeviceSeqlens) {
+  for (int d : {64, 128, 256}) {
+    Case c;
+    c.q_lens = c.kv_lens = {257, 33, 1};
+    c.h = 4, c.hk = 2, c.d = d, c.causal = true, c.packed_qkv = true, c.host_seqlens = false;
+    c.seed = 600 + d;
+    check_case(c);
+  }
+}
+
+TEST(AttentionCuda, LongSequences) {
+  Case c;
+  c.q_lens = c.kv_lens = {4097};
+  c.h = 2, c.hk = 1, c.d = 128, c.causal = true, c.seed = 700;
+  check_case(c);
+  c.h = 1, c.d = 64, c.causal = false, c.dt = DType::kF16, c.seed = 701;
+  check_case(c);
+  c.d = 256, c.dt = DType::kBF16, c.causal = true, c.wl = 1000, c.wr = 0, c.sinks = 4, c.seed = 702;
+  check_case(c);
+}
+
+TEST(AttentionCuda, UnsupportedInputsAreErrors) {
+  AttentionParams p;
+  int32_t cu[2] = {0, 4};
+  DeviceBuffer buf(4096);
+  p.q = p.k = p.v = p.o = buf.get();
+  p.batch = 1, p.cu_seqlens_q = p.cu_seqlens_k = cu;
+  p.num_heads = p.num_kv_heads = 1, p.head_dim = 72;
+  p.q_dtype = p.kv_dtype = p.o_dtype = DType::kBF16;
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = 72;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = 72;
+  attn::CudaOptions opt;
+  opt.host_cu_seqlens_q = cu, opt.host_cu_seqlens_k = cu;
+  EXPECT_FALSE(attn::attention_cuda(p, nullptr, opt).ok());  // head dim 72
+  p.head_dim = 64;
+  p.q_dtype = p.kv_dtype = p.o_dtype = DType::kF32;
+  EXPECT_FALSE(attn::attention_cuda(p, nullptr, opt).ok());  // f32
+  p.q_dtype = p.kv_dtype = p.o_dtype = DType::kBF16;
+  p.q_row_stride = 68;
+  EXPECT_FALSE(attn::attention_cuda(p, nullptr, opt).ok());  // misaligned stride
+}
+
+}  // namespace
+}  // namespace escala::gputest
+
+namespace escala::gputest {
+namespace {
+// Small shapes covering every kernel path, for compute-sanitizer memcheck/racecheck
+// (gpu_check.sh runs `--gtest_filter=AttentionCudaSmall.*` under the sanitizer).
+TEST(AttentionCudaSmall, AllPaths) {
+  for (int d : {64, 128, 256}) {
+    Case c;
+    c.q_lens = {70, 3};
+    c.kv_lens = {150, 3};
+    c.h = 2, c.hk = 1, c.d = d, c.causal = true, c.wl = 40, c.wr = 0, c.sinks = 4, c.sink_logits = true;
+    c.softcap = 20.0f, c.seed = 900 + d;
+    check_case(c);
+    c.causal = false, c.wl = c.wr = -1, c.sinks = 0, c.softcap = 0.0f, c.dt = DType::kF16;
+    check_case(c);
+  }
+}
+}  // namespace
+}  // namespace escala::gputest
