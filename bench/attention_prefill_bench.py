@@ -49,14 +49,14 @@ def flops(shape):
     return 4.0 * d * visible_pairs(S, causal, wl, sinks) * h * B
 
 
-def run_escala(binary, shape_list, reps):
+def run_escala(binary, shape_list, reps, arch):
     specs = []
     for name, B, S, h, hk, d, causal, wl, sinks in shape_list:
         spec = f"{name},B={B},S={S},h={h},hk={hk},d={d},causal={causal},sinks={sinks}"
         if wl >= 0:
             spec += f",wl={wl},wr=0"
         specs.append(spec)
-    proc = subprocess.run([binary, "--bench", "--reps", str(reps)] + specs, capture_output=True, text=True)
+    proc = subprocess.run([binary, "--bench", "--reps", str(reps), "--arch", arch] + specs, capture_output=True, text=True)
     sys.stderr.write(proc.stdout + proc.stderr)
     res = {}
     for line in proc.stdout.splitlines():
@@ -133,15 +133,17 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--filter", default="", help="only shapes whose name contains this")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--sm80", action="store_true", help="also time the portable sm_80 kernel")
     args = ap.parse_args()
 
     shape_list = [s for s in shapes() if args.filter in s[0]]
-    esc = run_escala(args.bin, shape_list, args.reps)
+    esc = run_escala(args.bin, shape_list, args.reps, "auto")
+    esc80 = run_escala(args.bin, shape_list, args.reps, "sm80") if args.sm80 else {}
     rows = []
     flex_cache = {}
     for s in shape_list:
         peers = {} if args.no_peers else run_peers(s, args.reps, flex_cache)
-        rows.append((s, esc.get(s[0]), peers))
+        rows.append((s, esc.get(s[0]), peers, esc80.get(s[0])))
 
     try:
         import torch
@@ -149,21 +151,20 @@ def main():
     except Exception:
         gpu = "?"
     print(f"\n# CUDA prefill, bf16, TFLOP/s over visible pairs (4*d*pairs*h*B); {gpu}; median of {args.reps}")
-    print("| shape | B | Escala | cuDNN | FA2 | Flex | best peer | Escala / best |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| shape | B | Escala | Escala sm80 | cuDNN | FA2 | Flex | best peer | Escala / best |")
+    print("|---|---|---|---|---|---|---|---|---|")
     ratios_dense = []
-    for s, e, peers in rows:
+    f = lambda x: f"{x:.0f}" if x else "n/a"
+    for s, e, peers, e80 in rows:
         et = e[1] if e else None
         vals = {k: v for k, v in peers.items() if v}
         best = max(vals.values()) if vals else None
         ratio = et / best if (et and best) else None
         if ratio and s[7] < 0 and s[8] == 0:
             ratios_dense.append(ratio)
-        f = lambda x: f"{x:.0f}" if x else "n/a"
-        print(f"| {s[0]} | {s[1]} | {f(et)} | {f(peers.get('cuDNN'))} | {f(peers.get('FA2'))} | "
-              f"{f(peers.get('Flex'))} | {f(best)} | {ratio:.2f} |" if ratio else
-              f"| {s[0]} | {s[1]} | {f(et)} | {f(peers.get('cuDNN'))} | {f(peers.get('FA2'))} | "
-              f"{f(peers.get('Flex'))} | {f(best)} | n/a |")
+        rs = f"{ratio:.2f}" if ratio else "n/a"
+        print(f"| {s[0]} | {s[1]} | {f(et)} | {f(e80[1] if e80 else None)} | {f(peers.get('cuDNN'))} | "
+              f"{f(peers.get('FA2'))} | {f(peers.get('Flex'))} | {f(best)} | {rs} |")
     if ratios_dense:
         gm = math.exp(sum(math.log(r) for r in ratios_dense) / len(ratios_dense))
         print(f"\ngeometric mean Escala / best peer over {len(ratios_dense)} dense shapes: {gm:.3f}")

@@ -6,6 +6,7 @@
 #   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   leave steps out
 #   BENCH_ARGS="--reps 30 --filter d128"           passed to bench/attention_prefill_bench.py
 #   GTEST_ARGS="--gtest_filter=..."                passed to the test run
+#   TEST_TIMEOUT / SANITIZER_TIMEOUT / BENCH_TIMEOUT  seconds per step (a hung kernel fails its step)
 set -u -o pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-$ROOT/gpu_check_out}"
@@ -33,7 +34,7 @@ echo "binary: $BIN"
 
 if [ -z "${SKIP_TESTS:-}" ]; then
   step "gpu tests"
-  "$BIN" ${GTEST_ARGS:-} >"$OUT/gpu_tests.log" 2>&1
+  timeout "${TEST_TIMEOUT:-600}" "$BIN" ${GTEST_ARGS:-} >"$OUT/gpu_tests.log" 2>&1
   rc=$?
   grep -E "^\[  (PASSED|FAILED)|^\[       OK|^\[  FAILED|Failure|error" "$OUT/gpu_tests.log" | head -60
   echo "gpu tests rc=$rc"; [ $rc -eq 0 ] || status=1
@@ -42,7 +43,7 @@ fi
 if [ -z "${SKIP_SANITIZER:-}" ]; then
   for tool in memcheck racecheck; do
     step "compute-sanitizer $tool"
-    compute-sanitizer --tool $tool --error-exitcode 9 "$BIN" --gtest_filter='AttentionCudaSmall.*' >"$OUT/sanitizer_$tool.log" 2>&1
+    timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$BIN" --gtest_filter='AttentionCudaSmall.*' >"$OUT/sanitizer_$tool.log" 2>&1
     rc=$?
     tail -4 "$OUT/sanitizer_$tool.log"
     echo "$tool rc=$rc"; [ $rc -eq 0 ] || status=1
@@ -51,7 +52,7 @@ fi
 
 if [ -z "${SKIP_BENCH:-}" ]; then
   step "benchmark"
-  PYTHONUNBUFFERED=1 python3 "$ROOT/bench/attention_prefill_bench.py" --bin "$BIN" ${BENCH_ARGS:-} \
+  PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-900}" python3 "$ROOT/bench/attention_prefill_bench.py" --bin "$BIN" ${BENCH_ARGS:-} \
     >"$OUT/bench.log" 2>"$OUT/bench_err.log"
   rc=$?
   grep -E "BENCH|Error|error" "$OUT/bench_err.log" | head -40

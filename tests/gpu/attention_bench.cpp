@@ -1,4 +1,4 @@
-// Benchmark mode of the GPU test binary: `escala_gpu_tests --bench [--reps N] SPEC...` where SPEC is
+// Benchmark mode of the GPU test binary: `escala_gpu_tests --bench [--reps N] [--arch sm80|sm90] SPEC...` where SPEC is
 // name,B=..,S=..[,Sk=..],h=..,hk=..,d=..[,causal=1][,wl=..][,wr=..][,sinks=..][,dtype=bf16|f16].
 // Fresh random inputs per shape (never zeros), CUDA events around each launch, median of N.
 // FLOPs = 4 * d * (visible (query, key) pairs) * h * B: only pairs the mask lets through count.
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/cuda/dispatch.h"
 #include "attention/variant.h"
 #include "escala/attention_cuda.h"
 #include "gpu_util.h"
@@ -78,11 +79,18 @@ double visible_pairs(const attn::Mask& m, int64_t q_len, int64_t kv_len) {
 
 int run_bench(int argc, char** argv) {
   int reps = 30;
+  attn::cuda::KernelArch arch = attn::cuda::KernelArch::kAuto;
   std::vector<Shape> shapes;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
+      continue;
+    }
+    if (a == "--arch" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      arch = v == "sm80" ? attn::cuda::KernelArch::kSm80
+                         : (v == "sm90" ? attn::cuda::KernelArch::kSm90 : attn::cuda::KernelArch::kAuto);
       continue;
     }
     Shape s;
@@ -135,7 +143,7 @@ int run_bench(int argc, char** argv) {
     bool failed = false;
     for (int r = 0; r < reps + 3 && !failed; ++r) {
       GPU_CHECK(cudaEventRecord(e0, stream));
-      const Status st = attn::attention_cuda(p, stream, opt);
+      const Status st = attn::cuda::attention_cuda_arch(p, stream, opt, arch);
       GPU_CHECK(cudaEventRecord(e1, stream));
       if (!st.ok()) {
         std::printf("BENCH name=%s error=\"%s\"\n", s.name.c_str(), st.message().c_str());

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "attention/cuda/dispatch.h"
 #include "attention/reference.h"
 #include "escala/attention_cuda.h"
 #include "gpu_util.h"
@@ -91,6 +92,47 @@ void parallel_reference(const AttentionParams& p, std::vector<float>& o_ref, std
     for (int64_t i = 0; i < total_q; ++i) lse_ref[i * p.num_heads + h] = lse_h[h][i];
 }
 
+void compare(const Case& c, const Outputs& out, const std::vector<float>& o_ref, const std::vector<float>& lse_ref) {
+  const int d = c.d;
+  const Tolerance tol = c.dt == DType::kBF16 ? kTolBf16 : kTolF16;
+  int64_t bad = 0;
+  double max_err = 0, err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < o_ref.size(); ++i) {
+    const double x = half_to_float(out.o[i], c.dt), r = o_ref[i];
+    const double e = std::fabs(x - r);
+    err2 += e * e, ref2 += r * r;
+    if (!(e <= tol.atol + tol.rtol * std::fabs(r))) {
+      if (bad < 5) ADD_FAILURE() << "O[" << i << "] (row " << i / (c.h * d) << ", head " << (i / d) % c.h << ", col "
+                                 << i % d << ") = " << x << ", ref " << r;
+      ++bad;
+    }
+    if (!std::isnan(e)) max_err = std::max(max_err, e);
+  }
+  EXPECT_EQ(bad, 0) << "elements out of tolerance (max err " << max_err << ")";
+  if (ref2 > 0) EXPECT_LT(std::sqrt(err2 / ref2), c.dt == DType::kBF16 ? 8e-3 : 2e-3);
+  int64_t bad_lse = 0;
+  for (size_t i = 0; i < lse_ref.size(); ++i) {
+    const float x = out.lse[i], r = lse_ref[i];
+    const bool ok = std::isinf(r) ? x == r : std::fabs(double(x) - r) <= kTolLse.atol + kTolLse.rtol * std::fabs(r);
+    if (!ok) {
+      if (bad_lse < 5) ADD_FAILURE() << "LSE[" << i << "] = " << x << ", ref " << r;
+      ++bad_lse;
+    }
+  }
+  EXPECT_EQ(bad_lse, 0);
+}
+
+// The kernels this device can run: sm_80 everywhere, sm_90a on Hopper.
+std::vector<attn::cuda::KernelArch> device_archs() {
+  int dev = 0, major = 0, minor = 0;
+  GPU_CHECK(cudaGetDevice(&dev));
+  GPU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  GPU_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  std::vector<attn::cuda::KernelArch> a{attn::cuda::KernelArch::kSm80};
+  if (major == 9 && minor == 0) a.push_back(attn::cuda::KernelArch::kSm90);
+  return a;
+}
+
 // Runs one case on the GPU, twice (the two results must be bit-identical: a moving result is a
 // race), and checks it against the reference.
 void check_case(const Case& c) {
@@ -163,46 +205,24 @@ void check_case(const Case& c) {
   attn::CudaOptions opt;
   if (c.host_seqlens) opt.host_cu_seqlens_q = cu_q.data(), opt.host_cu_seqlens_k = cu_k.data();
 
-  Outputs run[2];
-  for (auto& r : run) {
-    GPU_CHECK(cudaMemset(d_o.get(), 0xff, d_o.bytes()));    // NaN in f16 and bf16
-    GPU_CHECK(cudaMemset(d_lse.get(), 0xff, d_lse.bytes()));  // NaN
-    const Status st = attn::attention_cuda(g, nullptr, opt);
-    ASSERT_TRUE(st.ok()) << st.message();
-    GPU_CHECK(cudaDeviceSynchronize());
-    GPU_CHECK(cudaGetLastError());
-    r.o.resize(tq * c.h * d), r.lse.resize(tq * c.h);
-    if (tq > 0) d_o.download(r.o), d_lse.download(r.lse);
-  }
-  ASSERT_TRUE(run[0].o == run[1].o) << "two runs differ: a race?";
-  ASSERT_EQ(std::memcmp(run[0].lse.data(), run[1].lse.data(), run[0].lse.size() * 4), 0) << "LSE differs between runs";
-
-  const Tolerance tol = c.dt == DType::kBF16 ? kTolBf16 : kTolF16;
-  int64_t bad = 0;
-  double max_err = 0, err2 = 0, ref2 = 0;
-  for (size_t i = 0; i < o_ref.size(); ++i) {
-    const double x = half_to_float(run[0].o[i], c.dt), r = o_ref[i];
-    const double e = std::fabs(x - r);
-    err2 += e * e, ref2 += r * r;
-    if (!(e <= tol.atol + tol.rtol * std::fabs(r))) {
-      if (bad < 5) ADD_FAILURE() << "O[" << i << "] (row " << i / (c.h * d) << ", head " << (i / d) % c.h << ", col "
-                                 << i % d << ") = " << x << ", ref " << r;
-      ++bad;
+  for (attn::cuda::KernelArch arch : device_archs()) {
+    SCOPED_TRACE(arch == attn::cuda::KernelArch::kSm90 ? "kernel sm90" : "kernel sm80");
+    Outputs run[2];
+    for (auto& r : run) {
+      GPU_CHECK(cudaMemset(d_o.get(), 0xff, d_o.bytes()));    // NaN in f16 and bf16
+      GPU_CHECK(cudaMemset(d_lse.get(), 0xff, d_lse.bytes()));  // NaN
+      const Status st = attn::cuda::attention_cuda_arch(g, nullptr, opt, arch);
+      ASSERT_TRUE(st.ok()) << st.message();
+      GPU_CHECK(cudaDeviceSynchronize());
+      GPU_CHECK(cudaGetLastError());
+      r.o.resize(tq * c.h * d), r.lse.resize(tq * c.h);
+      if (tq > 0) d_o.download(r.o), d_lse.download(r.lse);
     }
-    if (!std::isnan(e)) max_err = std::max(max_err, e);
+    ASSERT_TRUE(run[0].o == run[1].o) << "two runs differ: a race?";
+    ASSERT_EQ(std::memcmp(run[0].lse.data(), run[1].lse.data(), run[0].lse.size() * 4), 0)
+        << "LSE differs between runs";
+    compare(c, run[0], o_ref, lse_ref);
   }
-  EXPECT_EQ(bad, 0) << "elements out of tolerance (max err " << max_err << ")";
-  if (ref2 > 0) EXPECT_LT(std::sqrt(err2 / ref2), c.dt == DType::kBF16 ? 8e-3 : 2e-3);
-  int64_t bad_lse = 0;
-  for (size_t i = 0; i < lse_ref.size(); ++i) {
-    const float x = run[0].lse[i], r = lse_ref[i];
-    const bool ok = std::isinf(r) ? x == r : std::fabs(double(x) - r) <= kTolLse.atol + kTolLse.rtol * std::fabs(r);
-    if (!ok) {
-      if (bad_lse < 5) ADD_FAILURE() << "LSE[" << i << "] = " << x << ", ref " << r;
-      ++bad_lse;
-    }
-  }
-  EXPECT_EQ(bad_lse, 0);
 }
 
 const DType kDtypes[] = {DType::kBF16, DType::kF16};

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "attention/cuda/fwd_params.h"
+#include "attention/cuda/dispatch.h"
 #include "attention/cuda/sm80/fwd_sm80.h"
+#include "attention/cuda/sm90/fwd_sm90.h"
 #include "escala/attention_cuda.h"
 
 namespace escala::attn {
@@ -59,24 +61,47 @@ bool cuda_available() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-Status attention_cuda(const AttentionParams& p, void* stream_ptr, const CudaOptions& options) {
+Status attention_cuda(const AttentionParams& p, void* stream, const CudaOptions& options) {
+  return cuda::attention_cuda_arch(p, stream, options, cuda::KernelArch::kAuto);
+}
+
+Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, const CudaOptions& options,
+                                 KernelArch arch) {
   if (options.impl == Impl::kReference || options.impl == Impl::kDecode)
     return Status::error("attention_cuda: only the flash (prefill) kernel exists on CUDA yet");
   ESCALA_RETURN_IF_ERROR(check_supported(p));
   auto stream = static_cast<cudaStream_t>(stream_ptr);
 
-  // Longest query run, to size the grid.
+  // Pick the kernel: the sm_90a one needs a Hopper device.
+  if (arch == KernelArch::kAuto) {
+    int dev = 0, major = 0, minor = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (e != cudaSuccess) return cuda_error("querying the device", e);
+    arch = (major == 9 && minor == 0) ? KernelArch::kSm90 : KernelArch::kSm80;
+  }
+
+  // Sequence extents on the host: the longest query run sizes the grid, the totals size the TMA
+  // tensor maps. Without host copies they are read back (a synchronisation: pass host copies).
   int max_q_len = 0;
-  if (options.host_cu_seqlens_q != nullptr) {
-    for (int b = 0; b < p.batch; ++b)
-      max_q_len = std::max(max_q_len, options.host_cu_seqlens_q[b + 1] - options.host_cu_seqlens_q[b]);
-  } else {
-    std::vector<int32_t> cu(static_cast<size_t>(p.batch) + 1);
-    cudaError_t e = cudaMemcpyAsync(cu.data(), p.cu_seqlens_q, cu.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                    stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-    if (e != cudaSuccess) return cuda_error("reading cu_seqlens_q", e);
-    for (int b = 0; b < p.batch; ++b) max_q_len = std::max(max_q_len, cu[b + 1] - cu[b]);
+  int64_t total_q = 0, total_kv = 0;
+  {
+    const int32_t* hq = options.host_cu_seqlens_q;
+    const int32_t* hk = options.host_cu_seqlens_k;
+    std::vector<int32_t> cq, ck;
+    if (hq == nullptr || (hk == nullptr && arch == KernelArch::kSm90)) {
+      cq.resize(static_cast<size_t>(p.batch) + 1), ck.resize(static_cast<size_t>(p.batch) + 1);
+      cudaError_t e = cudaMemcpyAsync(cq.data(), p.cu_seqlens_q, cq.size() * 4, cudaMemcpyDeviceToHost, stream);
+      if (e == cudaSuccess)
+        e = cudaMemcpyAsync(ck.data(), p.cu_seqlens_k, ck.size() * 4, cudaMemcpyDeviceToHost, stream);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+      if (e != cudaSuccess) return cuda_error("reading cu_seqlens", e);
+      hq = cq.data(), hk = ck.data();
+    }
+    for (int b = 0; b < p.batch; ++b) max_q_len = std::max(max_q_len, hq[b + 1] - hq[b]);
+    total_q = hq[p.batch];
+    total_kv = hk != nullptr ? hk[p.batch] : 0;
   }
   if (max_q_len <= 0) return {};
 
@@ -95,10 +120,19 @@ Status attention_cuda(const AttentionParams& p, void* stream_ptr, const CudaOpti
 
   const bool bf16 = p.q_dtype == DType::kBF16;
   cudaError_t e = cudaSuccess;
-  switch (p.head_dim) {
-    case 64: e = cuda::run_fwd_sm80_hd64(k, bf16, max_q_len, stream); break;
-    case 128: e = cuda::run_fwd_sm80_hd128(k, bf16, max_q_len, stream); break;
-    default: e = cuda::run_fwd_sm80_hd256(k, bf16, max_q_len, stream); break;
+  if (arch == KernelArch::kSm90) {
+    const cuda::Sm90Extents ext{max_q_len, total_q, total_kv, p.num_kv_heads};
+    switch (p.head_dim) {
+      case 64: e = cuda::run_fwd_sm90_hd64(k, bf16, ext, stream); break;
+      case 128: e = cuda::run_fwd_sm90_hd128(k, bf16, ext, stream); break;
+      default: e = cuda::run_fwd_sm90_hd256(k, bf16, ext, stream); break;
+    }
+  } else {
+    switch (p.head_dim) {
+      case 64: e = cuda::run_fwd_sm80_hd64(k, bf16, max_q_len, stream); break;
+      case 128: e = cuda::run_fwd_sm80_hd128(k, bf16, max_q_len, stream); break;
+      default: e = cuda::run_fwd_sm80_hd256(k, bf16, max_q_len, stream); break;
+    }
   }
   if (e != cudaSuccess) return cuda_error("prefill kernel launch", e);
   return {};

@@ -1,0 +1,33 @@
+// Launches one instantiation of the sm_90a prefill kernel (included by the per-head-dim .cu files).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "attention/cuda/sm90/fwd_kernel.cuh"
+#include "attention/cuda/sm90/fwd_sm90.h"
+
+namespace escala::attn::cuda {
+
+template <class Cfg>
+cudaError_t launch_fwd_sm90(FwdParams p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
+  CUtensorMap tq, tk, tv;
+  cudaError_t err =
+      make_tensor_map(&tq, p.q, bf16, Cfg::D, p.num_heads, e.total_q, p.q_head_stride, p.q_row_stride, Cfg::BM);
+  if (err == cudaSuccess)
+    err = make_tensor_map(&tk, p.k, bf16, Cfg::D, e.num_kv_heads, e.total_kv, p.k_head_stride, p.k_row_stride,
+                          Cfg::BN);
+  if (err == cudaSuccess)
+    err = make_tensor_map(&tv, p.v, bf16, Cfg::D, e.num_kv_heads, e.total_kv, p.v_head_stride, p.v_row_stride,
+                          Cfg::BN);
+  if (err != cudaSuccess) return err;
+  auto kernel = fwd_sm90_kernel<Cfg>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  p.num_m_blocks = (e.max_q_len + Cfg::BM - 1) / Cfg::BM;
+  const dim3 grid(static_cast<unsigned>(p.num_m_blocks), static_cast<unsigned>(p.num_heads),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv);
+  return cudaGetLastError();
+}
+
+}  // namespace escala::attn::cuda

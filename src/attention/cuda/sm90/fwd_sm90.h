@@ -1,0 +1,30 @@
+// Entry points of the sm_90a prefill kernel, one per head dim (bf16 selects bf16, else fp16),
+// and the TMA tensor-map helper they share. Host code.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/cuda/fwd_params.h"
+
+namespace escala::attn::cuda {
+
+struct Sm90Extents {
+  int max_q_len = 0;
+  int64_t total_q = 0;
+  int64_t total_kv = 0;
+  int num_kv_heads = 0;
+};
+
+// A 3-D tensor map over [rows][heads][d] (strides in elements), box [box_rows][1][64] with the
+// 128-byte swizzle the kernel's wgmma descriptors expect.
+cudaError_t make_tensor_map(CUtensorMap* map, const void* base, bool bf16, int d, int heads, int64_t rows,
+                            int64_t head_stride, int64_t row_stride, int box_rows);
+
+cudaError_t run_fwd_sm90_hd64(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream);
+cudaError_t run_fwd_sm90_hd128(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream);
+cudaError_t run_fwd_sm90_hd256(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream);
+
+}  // namespace escala::attn::cuda
