@@ -292,16 +292,32 @@ void q_q6_k(const float* x, BlockQ6_K& b) {
     }
 }
 
+// Blocks are copied in and out: GGUF allows any power-of-two alignment (even 1), so tensor
+// data need not be aligned for the blocks' u16 fields.
 template <class Block, class Fn>
 void each_block_dq(const void* src, float* dst, int64_t nb, int64_t elems, Fn fn) {
-  const auto* b = static_cast<const Block*>(src);
-  for (int64_t i = 0; i < nb; ++i) fn(b[i], dst + i * elems);
+  const auto* p = static_cast<const uint8_t*>(src);
+  Block b;
+  for (int64_t i = 0; i < nb; ++i) {
+    std::memcpy(&b, p + i * static_cast<int64_t>(sizeof(Block)), sizeof(Block));
+    fn(b, dst + i * elems);
+  }
 }
 template <class Block, class Fn>
 void each_block_q(const float* src, void* dst, int64_t nb, int64_t elems, Fn fn) {
-  auto* b = static_cast<Block*>(dst);
-  for (int64_t i = 0; i < nb; ++i) fn(src + i * elems, b[i]);
+  auto* p = static_cast<uint8_t*>(dst);
+  Block b;
+  for (int64_t i = 0; i < nb; ++i) {
+    fn(src + i * elems, b);
+    std::memcpy(p + i * static_cast<int64_t>(sizeof(Block)), &b, sizeof(Block));
+  }
 }
+uint16_t load16(const void* p, int64_t i) {
+  uint16_t h;
+  std::memcpy(&h, static_cast<const uint8_t*>(p) + 2 * i, 2);
+  return h;
+}
+void store16(void* p, int64_t i, uint16_t h) { std::memcpy(static_cast<uint8_t*>(p) + 2 * i, &h, 2); }
 
 }  // namespace
 
@@ -341,16 +357,12 @@ void dequantize_row(TensorType t, const void* src, float* dst, int64_t n) {
   int64_t nb = n / block_elems(t);
   switch (t) {
     case TensorType::kF32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
-    case TensorType::kF16: {
-      const auto* h = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+    case TensorType::kF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load16(src, i));
       return;
-    }
-    case TensorType::kBF16: {
-      const auto* h = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+    case TensorType::kBF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load16(src, i));
       return;
-    }
     case TensorType::kQ8_0: return each_block_dq<BlockQ8_0>(src, dst, nb, 32, dq_q8_0);
     case TensorType::kQ4_0: return each_block_dq<BlockQ4_0>(src, dst, nb, 32, dq_q4_0);
     case TensorType::kQ4_1: return each_block_dq<BlockQ4_1>(src, dst, nb, 32, dq_q4_1);
@@ -366,16 +378,12 @@ void quantize_row(TensorType t, const float* src, void* dst, int64_t n) {
   int64_t nb = n / block_elems(t);
   switch (t) {
     case TensorType::kF32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
-    case TensorType::kF16: {
-      auto* h = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i]);
+    case TensorType::kF16:
+      for (int64_t i = 0; i < n; ++i) store16(dst, i, f32_to_f16(src[i]));
       return;
-    }
-    case TensorType::kBF16: {
-      auto* h = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(src[i]);
+    case TensorType::kBF16:
+      for (int64_t i = 0; i < n; ++i) store16(dst, i, f32_to_bf16(src[i]));
       return;
-    }
     case TensorType::kQ8_0: return each_block_q<BlockQ8_0>(src, dst, nb, 32, q_q8_0);
     case TensorType::kQ4_0: return each_block_q<BlockQ4_0>(src, dst, nb, 32, q_q4_0);
     case TensorType::kQ4_1: return each_block_q<BlockQ4_1>(src, dst, nb, 32, q_q4_1);

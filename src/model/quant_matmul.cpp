@@ -7,6 +7,7 @@
 // activation levels are stored widened to int16 so a 16-bit multiply-add (pmaddwd on x86)
 // serves every format without unsigned/signed tricks.
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "common/numeric.h"
@@ -33,6 +34,13 @@ using DU16 = hn::Rebind<uint16_t, D16>;
 using V16 = hn::Vec<D16>;
 using V32 = hn::Vec<D32>;
 using VF = hn::Vec<DF>;
+
+// Block fields are read with memcpy: GGUF data may be aligned to as little as 1 byte.
+HWY_INLINE uint16_t load16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return h;
+}
 
 HWY_INLINE float half(uint16_t h) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
@@ -75,9 +83,7 @@ HWY_INLINE void dot_q4(const uint8_t* row, int64_t nb, const QuantizedActs& a, i
   const size_t bsize = kHasMin ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * static_cast<int64_t>(bsize);
-    uint16_t dh, mh = 0;
-    std::memcpy(&dh, blk, 2);
-    if constexpr (kHasMin) std::memcpy(&mh, blk + 2, 2);
+    uint16_t dh = load16(blk), mh = kHasMin ? load16(blk + 2) : 0;
     const uint8_t* qs = blk + (kHasMin ? 4 : 2);
     V32 acc0[R], acc1[R];
     for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = hn::Zero(D32());
@@ -108,14 +114,15 @@ HWY_INLINE void dot_q8_0(const uint8_t* row, int64_t nb, const QuantizedActs& a,
   VF facc[R];
   for (int r = 0; r < R; ++r) facc[r] = hn::Zero(DF());
   for (int64_t b = 0; b < nb; ++b) {
-    const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
+    const uint8_t* blk = row + b * static_cast<int64_t>(sizeof(BlockQ8_0));
+    const auto* qs = reinterpret_cast<const int8_t*>(blk + offsetof(BlockQ8_0, qs));
     V32 acc0[R], acc1[R];
     for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = hn::Zero(D32());
     for (size_t j = 0; j < 32; j += n) {
-      V16 w = hn::PromoteTo(d16, hn::LoadU(DI8(), blk->qs + j));
+      V16 w = hn::PromoteTo(d16, hn::LoadU(DI8(), qs + j));
       for (int r = 0; r < R; ++r) mac(w, a.row_q(r0 + r) + 32 * b + j, acc0[r], acc1[r]);
     }
-    float dw = half(blk->d);
+    float dw = half(load16(blk + offsetof(BlockQ8_0, d)));
     for (int r = 0; r < R; ++r)
       facc[r] = hn::MulAdd(to_float(acc0[r], acc1[r]), hn::Set(DF(), dw * a.row_d(r0 + r)[b]), facc[r]);
   }
@@ -137,7 +144,9 @@ HWY_INLINE void dot_q4_k(const uint8_t* row, int64_t nb, const QuantizedActs& a,
     macc[r] = 0;
   }
   for (int64_t b = 0; b < nb; ++b) {
-    const auto* blk = reinterpret_cast<const BlockQ4_K*>(row) + b;
+    const uint8_t* blk = row + b * static_cast<int64_t>(sizeof(BlockQ4_K));
+    const uint8_t* scales = blk + offsetof(BlockQ4_K, scales);
+    const uint8_t* qs = blk + offsetof(BlockQ4_K, qs);
     V32 acc0[R], acc1[R];
     int32_t msum[R];
     for (int r = 0; r < R; ++r) {
@@ -146,12 +155,12 @@ HWY_INLINE void dot_q4_k(const uint8_t* row, int64_t nb, const QuantizedActs& a,
     }
     for (int c = 0; c < 4; ++c) {
       int sc0, m0, sc1, m1;
-      k_scale_min(blk->scales, 2 * c, sc0, m0);
-      k_scale_min(blk->scales, 2 * c + 1, sc1, m1);
+      k_scale_min(scales, 2 * c, sc0, m0);
+      k_scale_min(scales, 2 * c + 1, sc1, m1);
       const V16 s0 = hn::Set(d16, static_cast<int16_t>(sc0));
       const V16 s1 = hn::Set(d16, static_cast<int16_t>(sc1));
       for (size_t j = 0; j < 32; j += n) {
-        V16 w = load_u8(blk->qs + 32 * c + j);
+        V16 w = load_u8(qs + 32 * c + j);
         V16 lo = hn::Mul(hn::And(w, mask), s0), hi = hn::Mul(hn::ShiftRight<4>(w), s1);
         for (int r = 0; r < R; ++r) {
           const int16_t* aq = a.row_q(r0 + r) + 256 * b + 64 * c + j;
@@ -164,7 +173,8 @@ HWY_INLINE void dot_q4_k(const uint8_t* row, int64_t nb, const QuantizedActs& a,
         msum[r] += m0 * bs[0] + m1 * bs[1];
       }
     }
-    float dw = half(blk->d), dmin = half(blk->dmin);
+    float dw = half(load16(blk + offsetof(BlockQ4_K, d)));
+    float dmin = half(load16(blk + offsetof(BlockQ4_K, dmin)));
     for (int r = 0; r < R; ++r) {
       float da = a.row_d(r0 + r)[b];
       facc[r] = hn::MulAdd(to_float(acc0[r], acc1[r]), hn::Set(DF(), dw * da), facc[r]);
@@ -184,13 +194,13 @@ HWY_INLINE void dot_q6_k(const uint8_t* row, int64_t nb, const QuantizedActs& a,
   VF facc[R];
   for (int r = 0; r < R; ++r) facc[r] = hn::Zero(DF());
   for (int64_t b = 0; b < nb; ++b) {
-    const auto* blk = reinterpret_cast<const BlockQ6_K*>(row) + b;
+    const uint8_t* blk = row + b * static_cast<int64_t>(sizeof(BlockQ6_K));
     V32 acc0[R], acc1[R];
     for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = hn::Zero(D32());
     for (int h = 0; h < 2; ++h) {
-      const uint8_t* ql = blk->ql + 64 * h;
-      const uint8_t* qh = blk->qh + 32 * h;
-      const int8_t* sc = blk->scales + 8 * h;
+      const uint8_t* ql = blk + offsetof(BlockQ6_K, ql) + 64 * h;
+      const uint8_t* qh = blk + offsetof(BlockQ6_K, qh) + 32 * h;
+      const auto* sc = reinterpret_cast<const int8_t*>(blk + offsetof(BlockQ6_K, scales)) + 8 * h;
       for (size_t l = 0; l < 32; l += n) {
         V16 la = load_u8(ql + l), lb = load_u8(ql + 32 + l), hb = load_u8(qh + l);
         const int is = static_cast<int>(l / 16);
@@ -211,7 +221,7 @@ HWY_INLINE void dot_q6_k(const uint8_t* row, int64_t nb, const QuantizedActs& a,
         }
       }
     }
-    float dw = half(blk->d);
+    float dw = half(load16(blk + offsetof(BlockQ6_K, d)));
     for (int r = 0; r < R; ++r)
       facc[r] = hn::MulAdd(to_float(acc0[r], acc1[r]), hn::Set(DF(), dw * a.row_d(r0 + r)[b]), facc[r]);
   }
@@ -219,7 +229,7 @@ HWY_INLINE void dot_q6_k(const uint8_t* row, int64_t nb, const QuantizedActs& a,
 }
 
 // f32 dot over any length (the tail in scalar code).
-HWY_INLINE float dot_f32(const float* w, const float* x, int64_t k) {
+HWY_INLINE float dot_f32(const float* w, const float* x, int64_t k) {  // w may be unaligned
   const hn::ScalableTag<float> df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
@@ -229,22 +239,26 @@ HWY_INLINE float dot_f32(const float* w, const float* x, int64_t k) {
     acc1 = hn::MulAdd(hn::LoadU(df, w + i + n), hn::LoadU(df, x + i + n), acc1);
   }
   float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
-  for (; i < k; ++i) s += w[i] * x[i];
+  for (; i < k; ++i) {
+    float wi;
+    std::memcpy(&wi, w + i, 4);
+    s += wi * x[i];
+  }
   return s;
 }
 
-HWY_INLINE float dot_f16(const uint16_t* w, const float* x, int64_t k) {
+HWY_INLINE float dot_f16(const uint8_t* w, const float* x, int64_t k) {  // w may be unaligned
   const hn::ScalableTag<float> df;
   const hn::Rebind<hwy::float16_t, decltype(df)> dh;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   auto acc = hn::Zero(df);
   int64_t i = 0;
   for (; i + n <= k; i += n) {
-    auto wv = hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(w + i)));
+    auto wv = hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(w + 2 * i)));
     acc = hn::MulAdd(wv, hn::LoadU(df, x + i), acc);
   }
   float s = hn::GetLane(hn::SumOfLanes(df, acc));
-  for (; i < k; ++i) s += f16_to_f32(w[i]) * x[i];
+  for (; i < k; ++i) s += f16_to_f32(load16(w + 2 * i)) * x[i];
   return s;
 }
 
@@ -292,7 +306,7 @@ void MatmulRows(const MatmulArgs& a, int64_t row_begin, int64_t row_end, float* 
       if (a.w.type == TensorType::kF32) {
         v = dot_f32(reinterpret_cast<const float*>(wr), x, k);
       } else if (a.w.type == TensorType::kF16) {
-        v = dot_f16(reinterpret_cast<const uint16_t*>(wr), x, k);
+        v = dot_f16(wr, x, k);
       } else {
         if (t == 0) dequantize_row(a.w.type, wr, scratch, k);
         v = dot_f32(scratch, x, k);

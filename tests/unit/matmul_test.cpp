@@ -142,6 +142,20 @@ TEST(QuantMatmul, StridedRowsAndBadViews) {
   ASSERT_TRUE(matvec(w, x.data(), b.data()).ok());
   EXPECT_EQ(a, b);
 
+  // GGUF allows alignment 1: rows at odd addresses must work (and be UB-free) too.
+  for (TensorType t : kAllTensorTypes) {
+    Fixture g = make_weights(t, 3, 256, 5);
+    std::vector<uint8_t> odd(g.bytes.size() + 1);
+    std::copy(g.bytes.begin(), g.bytes.end(), odd.begin() + 1);
+    WeightView wo = g.w;
+    wo.data = odd.data() + 1;
+    auto x2 = make_acts(1, 256, 6);
+    std::vector<float> ya(3), yb(3);
+    ASSERT_TRUE(matvec(g.w, x2.data(), ya.data()).ok());
+    ASSERT_TRUE(matvec(wo, x2.data(), yb.data()).ok());
+    EXPECT_EQ(ya, yb) << tensor_type_name(t);
+  }
+
   WeightView bad = f.w;
   bad.cols = 48;  // not a whole number of q8_0 blocks
   EXPECT_FALSE(matvec(bad, x.data(), a.data()).ok());
