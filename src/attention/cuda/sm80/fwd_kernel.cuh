@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "attention/cuda/fwd_params.h"
+#include "attention/cuda/online_softmax.cuh"
 #include "attention/cuda/sm80/ptx.cuh"
 #include "attention/cuda/tile_range.cuh"
 
@@ -160,51 +161,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) fwd_sm80_kerne
       }
     }
 
-    // Soft-cap (kept in raw dot units: s <- cap/scale * tanh(s * scale/cap)) and mask.
-    if (p.softcap > 0.0f) {
-      const float in = p.scale / p.softcap, out = p.softcap / p.scale;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] = out * accurate_tanh(s[j][e] * in);
-    }
-    if (!tile_fully_visible(p.mask, qp_min, qp_max, k_lo, BN, kv_len)) {
-      const int64_t qp = m0 + warp * 16 + g + shift;
-      const RowMask rm[2] = {RowMask(p.mask, qp, kv_len), RowMask(p.mask, qp + 8, kv_len)};
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (!rm[e / 2].visible(k_lo + j * 8 + 2 * t4 + (e & 1))) s[j][e] = -INFINITY;
-        }
-    }
-
-    // Online softmax: rows g (e = 0, 1) and g + 8 (e = 2, 3) of this warp's 16.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_use = mx == -INFINITY ? 0.0f : mx;
-      const float alpha = fast_exp2((row_max[r] - m_use) * p.scale_log2);
-      row_max[r] = mx;
-      const float ms = m_use * p.scale_log2;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], p.scale_log2, -ms));
-        s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], p.scale_log2, -ms));
-        sum += s[j][2 * r] + s[j][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * alpha + sum;
-#pragma unroll
-      for (int j = 0; j < kDT; ++j) {
-        o_acc[j][2 * r] *= alpha;
-        o_acc[j][2 * r + 1] *= alpha;
-      }
-    }
+    // Soft-cap, mask, online softmax; O rows rescaled by alpha.
+    transform_and_mask(s, p, !tile_fully_visible(p.mask, qp_min, qp_max, k_lo, BN, kv_len),
+                       m0 + warp * 16 + g + shift, k_lo, kv_len, t4);
+    float alpha[2];
+    softmax_update(s, row_max, row_sum, p.scale_log2, alpha);
+    rescale_rows(o_acc, alpha);
 
     cp_async_wait<0>();
     __syncthreads();
@@ -216,13 +178,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) fwd_sm80_kerne
     }
 
     // O += P V: the S accumulators of n-tiles 2kk, 2kk+1 are the A fragment of key chunk kk.
+    uint32_t pf[kNT / 2][4];
+    pack_p<T>(s, pf);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = M::pack(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = M::pack(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = M::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = M::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      const uint32_t (&a)[4] = pf[kk];
 #pragma unroll
       for (int j = 0; j < kDT; j += 2) {
         uint32_t bv[4];
@@ -233,40 +193,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) fwd_sm80_kerne
     }
   }
 
-  // Epilogue: full row sums, the learned sink logit, normalisation, O and LSE stores.
-  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    float m2 = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * p.scale_log2;  // log2 units
-    float ofac = 1.0f;
-    if (p.sink_logits != nullptr) {
-      const float s2 = p.sink_logits[h] * kLog2e;
-      const float mn = fmaxf(m2, s2);
-      if (mn == -INFINITY) {
-        l = 0.0f;
-      } else {
-        ofac = fast_exp2(m2 - mn);
-        l = l * ofac + fast_exp2(s2 - mn);
-        m2 = mn;
-      }
-    }
-    const float inv = l > 0.0f ? ofac / l : 0.0f;
-    const int row = m0 + warp * 16 + g + r * 8;
-    if (row < q_len) {
-      T* orow = static_cast<T*>(p.o) + (q0 + row) * p.o_row_stride + h * p.o_head_stride;
-#pragma unroll
-      for (int j = 0; j < kDT; ++j) {
-        const uint32_t v = M::pack(o_acc[j][2 * r] * inv, o_acc[j][2 * r + 1] * inv);
-        *reinterpret_cast<uint32_t*>(orow + j * 8 + 2 * t4) = v;
-      }
-      if (p.lse != nullptr && t4 == 0) {
-        p.lse[static_cast<int64_t>(q0 + row) * p.num_heads + h] = l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
-      }
-    }
-  }
+  store_output<T>(p, o_acc, row_max, row_sum, q0, q_len, m0 + warp * 16 + g, h, t4);
 }
 
 }  // namespace escala::attn::cuda

@@ -4,8 +4,8 @@
 // mbarriers; it gives its registers away with setmaxnreg. Warpgroups 1 and 2 are consumers, 64
 // query rows each: S = Q Kᵀ with wgmma (both operands in shared memory, 128-byte swizzle), online
 // softmax on the accumulators in registers, O += P V with wgmma (P from registers, V N-major in
-// shared memory), then release the stage. Not yet: intra-warpgroup overlap of softmax with the next
-// Q Kᵀ, explicit ping-pong between the consumers, a persistent tile scheduler.
+// shared memory), then release the stage; the softmax of tile i overlaps P V of tile i-1. Not yet:
+// explicit ping-pong between the consumers (named barriers), a persistent tile scheduler.
 #pragma once
 
 #include <cuda.h>
@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "attention/cuda/fwd_params.h"
+#include "attention/cuda/online_softmax.cuh"
 #include "attention/cuda/sm80/ptx.cuh"
 #include "attention/cuda/sm90/ptx90.cuh"
 #include "attention/cuda/sm90/wgmma_ops.cuh"
@@ -44,7 +45,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
   using T = typename Cfg::T;
-  using M = MmaType<T>;
   constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN, S = Cfg::kStages;
   constexpr int kNT = BN / 8, kDT = D / 8;
   extern __shared__ uint8_t smem_raw[];
@@ -112,137 +112,99 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return;
   }
 
-  // Consumers.
+  // Consumers. Software pipeline inside each warpgroup: Q Kᵀ of tile i and P V of tile i-1 are
+  // issued together, and the softmax of tile i runs while P V of tile i-1 is still on the tensor
+  // cores; O is rescaled once that product has landed.
   setmaxnreg_inc<240>();
   const int cw = wg - 1;               // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the tile
   const int warp = (tid % 128) / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
   const int row_base = m0 + 64 * cw + 16 * warp + g;  // this thread's rows: row_base, row_base + 8
+  const int64_t qpos0 = row_base + shift;
 
   float o_acc[kDT][4];
 #pragma unroll
   for (int j = 0; j < kDT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};
+  float sacc[kNT][4];
+  uint32_t pf[kNT / 2][4];
 
-  if (n_tiles > 0) mbar_wait(bar_q, 0);
-  for (int it = 0; it < n_tiles; ++it) {
-    const int s = it % S;
-    const uint32_t phase = (it / S) & 1;
-    const int k_lo = range.at(n_tiles - 1 - it) * BN;
-
-    float sacc[kNT][4];
-    mbar_wait(full_k(s), phase);
-    wgmma_fence();
+  // Descriptors are linear in the start address (its field is address >> 4, far from overflowing),
+  // so each wgmma's descriptor is a base plus a compile-time offset.
+  const uint64_t dq0 = smem_desc_sw128(sQ + cw * 64 * 128, 16, 1024);
+  const uint64_t dk0 = smem_desc_sw128(sK, 16, 1024);
+  const uint64_t dv0 = smem_desc_sw128(sV, BN * 128, 1024);
+  auto issue_qk = [&](int s) {
+    const uint64_t dk = dk0 + static_cast<uint64_t>(s * (Cfg::kTileBytes >> 4));
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk % 4) * 32;  // 16 elements along the 128-byte swizzled row
-      const uint64_t da = smem_desc_sw128(sQ + (kk / 4) * BM * 128 + cw * 64 * 128 + off, 16, 1024);
-      const uint64_t db = smem_desc_sw128(sK + s * Cfg::kTileBytes + (kk / 4) * BN * 128 + off, 16, 1024);
-      wgmma_ss(sacc, da, db, kk > 0 ? 1 : 0, static_cast<const T*>(nullptr));
+      // k16 step kk: 128-byte column block kk / 4, 32 bytes per step inside the swizzled row.
+      wgmma_ss(sacc, dq0 + static_cast<uint64_t>(((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4),
+               dk + static_cast<uint64_t>(((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4), kk > 0 ? 1 : 0,
+               static_cast<const T*>(nullptr));
     }
     wgmma_commit();
+  };
+  auto issue_pv = [&](int s) {
+    const uint64_t dv = dv0 + static_cast<uint64_t>(s * (Cfg::kTileBytes >> 4));
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma_rs(o_acc, pf[kk], dv + static_cast<uint64_t>((kk * 16 * 128) >> 4), static_cast<const T*>(nullptr));
+    wgmma_commit();
+  };
+  auto softmax = [&](int it, float (&alpha)[2]) {
+    const int k_lo = range.at(n_tiles - 1 - it) * BN;
+    transform_and_mask(sacc, p, !tile_fully_visible(p.mask, qp_min, qp_max, k_lo, BN, kv_len), qpos0, k_lo,
+                       kv_len, t4);
+    softmax_update(sacc, row_max, row_sum, p.scale_log2, alpha);
+  };
+
+  if (n_tiles > 0) {
+    mbar_wait(bar_q, 0);
+    // Tile 0: Q Kᵀ alone.
+    mbar_wait(full_k(0), 0);
+    wgmma_fence();
+    issue_qk(0);
     wgmma_wait<0>();
     reg_fence(sacc);
-    mbar_arrive(empty_k(s));
-
-    if (p.softcap > 0.0f) {
-      const float in = p.scale / p.softcap, out = p.softcap / p.scale;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sacc[j][e] = out * accurate_tanh(sacc[j][e] * in);
-    }
-    if (!tile_fully_visible(p.mask, qp_min, qp_max, k_lo, BN, kv_len)) {
-      const int64_t qp = row_base + shift;
-      const RowMask rm[2] = {RowMask(p.mask, qp, kv_len), RowMask(p.mask, qp + 8, kv_len)};
-#pragma unroll
-      for (int j = 0; j < kNT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!rm[e / 2].visible(k_lo + j * 8 + 2 * t4 + (e & 1))) sacc[j][e] = -INFINITY;
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(sacc[j][2 * r], sacc[j][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_use = mx == -INFINITY ? 0.0f : mx;
-      const float alpha = fast_exp2((row_max[r] - m_use) * p.scale_log2);
-      row_max[r] = mx;
-      const float ms = m_use * p.scale_log2;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        sacc[j][2 * r] = fast_exp2(fmaf(sacc[j][2 * r], p.scale_log2, -ms));
-        sacc[j][2 * r + 1] = fast_exp2(fmaf(sacc[j][2 * r + 1], p.scale_log2, -ms));
-        sum += sacc[j][2 * r] + sacc[j][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * alpha + sum;
-#pragma unroll
-      for (int j = 0; j < kDT; ++j) {
-        o_acc[j][2 * r] *= alpha;
-        o_acc[j][2 * r + 1] *= alpha;
-      }
-    }
-    uint32_t pf[BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pf[kk][0] = M::pack(sacc[2 * kk][0], sacc[2 * kk][1]);
-      pf[kk][1] = M::pack(sacc[2 * kk][2], sacc[2 * kk][3]);
-      pf[kk][2] = M::pack(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
-      pf[kk][3] = M::pack(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
-    }
-
-    mbar_wait(full_v(s), phase);
+    mbar_arrive(empty_k(0));
+    float alpha[2];
+    softmax(0, alpha);
+    pack_p<T>(sacc, pf);
+  }
+  for (int it = 1; it < n_tiles; ++it) {
+    const int s = it % S, sp = (it - 1) % S;
+    mbar_wait(full_k(s), (it / S) & 1);
+    mbar_wait(full_v(sp), ((it - 1) / S) & 1);
     reg_fence(o_acc);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint64_t db = smem_desc_sw128(sV + s * Cfg::kTileBytes + kk * 16 * 128, BN * 128, 1024);
-      wgmma_rs(o_acc, pf[kk], db, static_cast<const T*>(nullptr));
-    }
-    wgmma_commit();
+    issue_qk(s);
+    issue_pv(sp);
+    wgmma_wait<1>();  // Q Kᵀ of tile it has landed
+    reg_fence(sacc);
+    mbar_arrive(empty_k(s));
+    float alpha[2];
+    softmax(it, alpha);
+    wgmma_wait<0>();  // P V of tile it-1 has landed
+    reg_fence(o_acc);
+    reg_fence_u32(pf);
+    mbar_arrive(empty_v(sp));
+    rescale_rows(o_acc, alpha);
+    pack_p<T>(sacc, pf);
+  }
+  if (n_tiles > 0) {
+    const int sp = (n_tiles - 1) % S;
+    mbar_wait(full_v(sp), ((n_tiles - 1) / S) & 1);
+    reg_fence(o_acc);
+    wgmma_fence();
+    issue_pv(sp);
     wgmma_wait<0>();
     reg_fence(o_acc);
-    mbar_arrive(empty_v(s));
+    reg_fence_u32(pf);
+    mbar_arrive(empty_v(sp));
   }
-
-  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    float m2 = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * p.scale_log2;
-    float ofac = 1.0f;
-    if (p.sink_logits != nullptr) {
-      const float s2 = p.sink_logits[h] * kLog2e;
-      const float mn = fmaxf(m2, s2);
-      if (mn == -INFINITY) {
-        l = 0.0f;
-      } else {
-        ofac = fast_exp2(m2 - mn);
-        l = l * ofac + fast_exp2(s2 - mn);
-        m2 = mn;
-      }
-    }
-    const float inv = l > 0.0f ? ofac / l : 0.0f;
-    const int row = row_base + r * 8;
-    if (row < q_len) {
-      T* orow = static_cast<T*>(p.o) + (q0 + row) * p.o_row_stride + h * p.o_head_stride;
-#pragma unroll
-      for (int j = 0; j < kDT; ++j) {
-        const uint32_t v = M::pack(o_acc[j][2 * r] * inv, o_acc[j][2 * r + 1] * inv);
-        *reinterpret_cast<uint32_t*>(orow + j * 8 + 2 * t4) = v;
-      }
-      if (p.lse != nullptr && t4 == 0) {
-        p.lse[static_cast<int64_t>(q0 + row) * p.num_heads + h] = l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
-      }
-    }
-  }
+  store_output<T>(p, o_acc, row_max, row_sum, q0, q_len, row_base, h, t4);
 #endif
 }
 

@@ -58,6 +58,14 @@ __device__ __forceinline__ void reg_fence(float (&r)[R][C]) {
     for (int j = 0; j < C; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
 }
 
+template <int R, int C>
+__device__ __forceinline__ void reg_fence_u32(uint32_t (&r)[R][C]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < C; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));

@@ -1,0 +1,129 @@
+// Device helpers shared by the CUDA prefill kernels: score transform and mask on an accumulator
+// tile, the online-softmax update, and the epilogue (sink logit, normalisation, O and LSE stores).
+// Accumulator layout (mma.sync m16n8 C fragments, and wgmma m64 per warp): s[j][e] holds row
+// `g` (e < 2) or `g + 8` (e >= 2) of the warp's 16 rows, column 8 j + 2 t4 + (e & 1), where
+// g = lane / 4 and t4 = lane % 4. Scores stay in raw dot units (scale folded into exp2).
+#pragma once
+
+#include <cstdint>
+
+#include "attention/cuda/fwd_params.h"
+#include "attention/cuda/sm80/ptx.cuh"
+#include "attention/cuda/tile_range.cuh"
+
+namespace escala::attn::cuda {
+
+// Soft-cap in raw units (s <- cap/scale * tanh(s * scale/cap)), then -inf where the mask hides
+// the key. `row0` is the aligned query position of row g; keys of the tile start at k_lo.
+template <int kNT>
+__device__ __forceinline__ void transform_and_mask(float (&s)[kNT][4], const FwdParams& p, bool needs_mask,
+                                                   int64_t row0, int k_lo, int kv_len, int t4) {
+  if (p.softcap > 0.0f) {
+    const float in = p.scale / p.softcap, out = p.softcap / p.scale;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = out * accurate_tanh(s[j][e] * in);
+  }
+  if (needs_mask) {
+    const RowMask rm[2] = {RowMask(p.mask, row0, kv_len), RowMask(p.mask, row0 + 8, kv_len)};
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (!rm[e / 2].visible(k_lo + j * 8 + 2 * t4 + (e & 1))) s[j][e] = -INFINITY;
+  }
+}
+
+// Online softmax over one tile: new running max, s <- exp2((s - max) * scale_log2), this thread's
+// partial row sums rescaled and accumulated; alpha[r] is the factor the O rows must be scaled by.
+template <int kNT>
+__device__ __forceinline__ void softmax_update(float (&s)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
+                                               float scale_log2, float (&alpha)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = row_max[r];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_use = mx == -INFINITY ? 0.0f : mx;
+    alpha[r] = fast_exp2((row_max[r] - m_use) * scale_log2);
+    row_max[r] = mx;
+    const float ms = m_use * scale_log2;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], scale_log2, -ms));
+      s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], scale_log2, -ms));
+      sum += s[j][2 * r] + s[j][2 * r + 1];
+    }
+    row_sum[r] = row_sum[r] * alpha[r] + sum;
+  }
+}
+
+template <int kDT>
+__device__ __forceinline__ void rescale_rows(float (&o)[kDT][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int j = 0; j < kDT; ++j) {
+    o[j][0] *= alpha[0], o[j][1] *= alpha[0];
+    o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+  }
+}
+
+// P (the exponentiated scores) as A fragments of m16n8k16 / wgmma k16: key chunk kk is n-tiles
+// 2 kk and 2 kk + 1.
+template <class T, int kNT>
+__device__ __forceinline__ void pack_p(const float (&s)[kNT][4], uint32_t (&pf)[kNT / 2][4]) {
+  using M = MmaType<T>;
+#pragma unroll
+  for (int kk = 0; kk < kNT / 2; ++kk) {
+    pf[kk][0] = M::pack(s[2 * kk][0], s[2 * kk][1]);
+    pf[kk][1] = M::pack(s[2 * kk][2], s[2 * kk][3]);
+    pf[kk][2] = M::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pf[kk][3] = M::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+// Full row sums, the learned sink logit, normalisation, and the O / LSE stores of this thread's
+// two rows (`row` and `row + 8`, relative to the sequence).
+template <class T, int kDT>
+__device__ __forceinline__ void store_output(const FwdParams& p, float (&o)[kDT][4], const float (&row_max)[2],
+                                             const float (&row_sum)[2], int q0, int q_len, int row, int h, int t4) {
+  using M = MmaType<T>;
+  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    float m2 = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * p.scale_log2;  // log2 units
+    float ofac = 1.0f;
+    if (p.sink_logits != nullptr) {
+      const float s2 = p.sink_logits[h] * kLog2e;
+      const float mn = fmaxf(m2, s2);
+      if (mn == -INFINITY) {
+        l = 0.0f;
+      } else {
+        ofac = fast_exp2(m2 - mn);
+        l = l * ofac + fast_exp2(s2 - mn);
+        m2 = mn;
+      }
+    }
+    const float inv = l > 0.0f ? ofac / l : 0.0f;
+    const int rr = row + r * 8;
+    if (rr < q_len) {
+      T* orow = static_cast<T*>(p.o) + (q0 + rr) * p.o_row_stride + h * p.o_head_stride;
+#pragma unroll
+      for (int j = 0; j < kDT; ++j) {
+        const uint32_t v = M::pack(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(orow + j * 8 + 2 * t4) = v;
+      }
+      if (p.lse != nullptr && t4 == 0) {
+        p.lse[static_cast<int64_t>(q0 + rr) * p.num_heads + h] = l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
+      }
+    }
+  }
+}
+
+}  // namespace escala::attn::cuda
