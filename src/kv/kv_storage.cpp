@@ -12,6 +12,14 @@ namespace escala::kv {
 namespace {
 constexpr float kI8Max = 127.0f;
 constexpr float kFp8Max = 448.0f;
+
+// Smallest power of two >= x (x >= 0; 0 stays 0).
+float pow2_at_least(float x) {
+  if (!(x > 0.0f)) return 0.0f;
+  int e = 0;
+  const float m = std::frexp(x, &e);  // x = m * 2^e, m in [0.5, 1)
+  return m == 0.5f ? x : std::ldexp(1.0f, e);
+}
 }  // namespace
 
 KvStorage::KvStorage(int32_t slots, int32_t num_blocks, int32_t block_size, int32_t num_kv_heads, int32_t head_dim,
@@ -88,13 +96,14 @@ void KvStorage::store_row(uint8_t* base, std::vector<float>& scales, int32_t blo
     }
     case DType::kFp8E4M3: {
       float& sc = scales[int64_t(block) * h_kv_ + head];
-      const float need = mx / kFp8Max;
+      const float need = pow2_at_least(mx / kFp8Max);
       if (need > sc) {
-        // Re-encode the block's earlier tokens of this head at the larger scale (see header).
-        const float old = sc;
+        // Re-encode the block's earlier tokens of this head at the larger scale: exact for normal
+        // values, since old / need is a power of two (see header).
+        const float ratio = sc / need;
         for (int32_t s = 0; s < slot; ++s) {
           uint8_t* r = base + ((int64_t(block) * block_size_ + s) * h_kv_ + head) * d_;
-          for (int32_t c = 0; c < d_; ++c) r[c] = f32_to_fp8e4m3(fp8e4m3_to_f32(r[c]) * old / need);
+          for (int32_t c = 0; c < d_; ++c) r[c] = f32_to_fp8e4m3(fp8e4m3_to_f32(r[c]) * ratio);
         }
         sc = need;
       }

@@ -2,12 +2,15 @@
 // cache dtype, plus the scales of quantized formats (int8: [num_blocks, block_size, h_kv];
 // fp8: [num_blocks, h_kv]), exactly as attention.h reads them.
 //
-// fp8 block scale policy: the scale of (block, head) is the running max |x| of the tokens written
-// so far / 448. When a token arrives with a larger max, the block's earlier tokens for that head
-// are re-quantized to the new scale (decode, re-encode: one extra rounding for them, bounded by
-// half an fp8 step of the new scale). The scale therefore always equals the block's exact max, as
-// if the block had been quantized whole; the cost is at most block_size - 1 rows re-encoded per
-// growth of the max, which is rare after the first few tokens.
+// fp8 block scale policy (appends to a partly filled block): the scale of (block, head) is the
+// smallest power of two >= max|x| / 448 over the tokens written so far. When a token arrives with
+// a larger max, the block's earlier tokens of that head are re-encoded at the new scale; since the
+// ratio of two scales is a power of two, re-encoding a normal e4m3 value is exact (an exponent
+// shift), so every element carries one rounding whatever the order of appends: |x - x'| <=
+// |x| / 16 (3 mantissa bits) + 2 * scale / 1024 (values pushed into the subnormal range). A
+// power-of-two scale costs nothing in relative precision (e4m3 is floating point); it only moves
+// the subnormal threshold by at most 2x. The re-encode touches at most block_size - 1 rows, and
+// only when the max grows.
 #pragma once
 
 #include <cstdint>
