@@ -402,18 +402,31 @@ Status matmul(const WeightView& w_in, const float* x, int64_t m, float* y, int t
   args.x = x;
   args.m = m;
   args.y = y;
-  // Thread-local scratch would do too; one allocation per call is cheap next to the product.
-  QuantizedActs acts;
-  bool quantized = has_fast_kernel(w_in.type) && is_quantized(w_in.type);
-  if (quantized) {
-    quantize_acts(x, m, w_in.cols, block_elems(w_in.type) == 256 ? 256 : 32, acts);
-    args.acts = &acts;
-  }
   const int64_t rows = w_in.rows;
   const int nthreads = threads > 0 ? threads : omp_get_max_threads();
   // Chunks of rows small enough to balance, large enough to amortize the dispatch.
   const int64_t chunk = std::max<int64_t>(4, std::min<int64_t>(64, rows / (4 * nthreads) + 1));
   const int64_t nchunks = (rows + chunk - 1) / chunk;
+
+  if (vnni_handles(w_in.type) && vnni_active()) {
+    // Reused across calls (decode runs this for every weight of every token). The workers
+    // must see this thread's instance, hence the pointer.
+    thread_local VnniActs va_storage;
+    const VnniActs* va = &va_storage;
+    quantize_acts_vnni(x, m, w_in.cols, va_storage);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nchunks > 1 && nthreads > 1)
+    for (int64_t c = 0; c < nchunks; ++c)
+      vnni_rows(args.w, *va, y, c * chunk, std::min(rows, (c + 1) * chunk));
+    return {};
+  }
+
+  // Thread-local scratch would do too; one allocation per call is cheap next to the product.
+  thread_local QuantizedActs acts;  // reused; the workers reach it through args.acts
+  bool quantized = has_fast_kernel(w_in.type) && is_quantized(w_in.type);
+  if (quantized) {
+    quantize_acts(x, m, w_in.cols, block_elems(w_in.type) == 256 ? 256 : 32, acts);
+    args.acts = &acts;
+  }
   const bool fallback = !has_fast_kernel(w_in.type);
 #pragma omp parallel num_threads(nthreads) if (nchunks > 1 && nthreads > 1)
   {

@@ -37,3 +37,30 @@ struct MatmulArgs {
 };
 
 }  // namespace escala::model
+
+namespace escala::model {
+
+// ---- AVX-512 VNNI path (quant_matmul_vnni.cpp) for q4_0, q4_1 and q8_0 ----
+//
+// Activations as int8 in pairs of blocks laid out [b0 0-15, b1 0-15, b0 16-31, b1 16-31], the
+// order in which a pair of q4 blocks' nibbles unpack, so one vpdpbusd covers 64 products.
+struct VnniActs {
+  int64_t m = 0;
+  int64_t nb = 0;       // 32-element blocks per row
+  int64_t nb_pad = 0;   // nb rounded up to 16 (the scale arrays are read 16 at a time)
+  std::vector<int8_t> q;  // m * nb_pad * 32
+  std::vector<float> d;   // m * nb_pad: activation scale per block
+  std::vector<float> s;   // m * nb_pad: scale * sum of levels per block
+};
+
+// True when this CPU has AVX-512 BW/VL/VNNI (checked once) and the path is enabled.
+bool vnni_active();
+// Tests turn the path off to compare it with the portable Highway kernels.
+void set_vnni_enabled(bool enabled);
+bool vnni_handles(TensorType t);
+void quantize_acts_vnni(const float* x, int64_t m, int64_t k, VnniActs& a);
+// Rows [row_begin, row_end) of y (m x w.rows) for w of type q4_0, q4_1 or q8_0.
+void vnni_rows(const WeightView& w, const VnniActs& a, float* y, int64_t row_begin,
+               int64_t row_end);
+
+}  // namespace escala::model

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "escala/quant.h"
+#include "model/quant_matmul_internal.h"
 
 namespace escala::model {
 namespace {
@@ -93,6 +94,41 @@ TEST(QuantMatmul, AllTypesMatchReference) {
         ASSERT_TRUE(matmul(f.w, x.data(), m, y.data()).ok());
         check_against_reference(f, x, m, y);
       }
+    }
+  }
+}
+
+// The AVX-512 VNNI kernels (used when the CPU has them) and the portable Highway kernels both
+// meet the bound; run every type through both.
+TEST(QuantMatmul, PortableKernelsWhenVnniIsOff) {
+  set_vnni_enabled(false);
+  uint32_t seed = 100;
+  for (TensorType t : {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0}) {
+    for (int64_t cols : {32, 96, 576, 1536}) {
+      for (int64_t m : {1, 5}) {
+        SCOPED_TRACE(fmt::format("{} cols={} m={}", tensor_type_name(t), cols, m));
+        Fixture f = make_weights(t, 21, cols, seed++);
+        auto x = make_acts(m, cols, seed++);
+        std::vector<float> y(static_cast<size_t>(m * 21), std::nanf(""));
+        ASSERT_TRUE(matmul(f.w, x.data(), m, y.data()).ok());
+        check_against_reference(f, x, m, y);
+      }
+    }
+  }
+  set_vnni_enabled(true);
+}
+
+TEST(QuantMatmul, OddBlockCountsAndTails) {
+  // 1, 3, 15, 17 and 33 blocks: odd pairs and partial groups of 16 in the VNNI path.
+  uint32_t seed = 200;
+  for (TensorType t : {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0}) {
+    for (int64_t nb : {1, 3, 15, 17, 33}) {
+      SCOPED_TRACE(fmt::format("{} blocks={}", tensor_type_name(t), nb));
+      Fixture f = make_weights(t, 9, 32 * nb, seed++);
+      auto x = make_acts(6, 32 * nb, seed++);
+      std::vector<float> y(6 * 9, std::nanf(""));
+      ASSERT_TRUE(matmul(f.w, x.data(), 6, y.data()).ok());
+      check_against_reference(f, x, 6, y);
     }
   }
 }

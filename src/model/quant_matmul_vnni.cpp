@@ -1,0 +1,205 @@
+// AVX-512 VNNI kernels for the 32-element formats q4_0, q4_1 and q8_0, chosen at run time
+// (cpuid) ahead of the portable Highway kernels in quant_matmul.cpp.
+//
+// Highway 1.0.3 has no 8-bit dot product and gates its AVX3_DL target behind a macro that would
+// change the dispatch tables of every Highway user in the binary, so this one file uses
+// intrinsics under a function-level target attribute instead.
+//
+// All three formats are handled as "unsigned bytes u times int8 activations": q4 nibbles are
+// 0..15 already, q8_0 levels are shifted by +128. With the activation block sums s = d_a * sum(a),
+//   y += d_w * d_a * dot(u, a) + m_w * s,   m_w = m (q4_1), -8 d_w (q4_0), -128 d_w (q8_0).
+// vpdpbusd does 64 u8 x s8 products per instruction: one pair of blocks. The per-block float
+// scales of 16 blocks are built at once (a gather of the f16 fields), then spread to the lanes
+// of each pair with a permute.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "model/quant_blocks.h"
+#include "model/quant_matmul_internal.h"
+
+#if defined(__x86_64__)
+// GCC 12's AVX-512 headers initialise their "undefined" vectors from themselves, which
+// -Wmaybe-uninitialized reports at every use.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#define ESCALA_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+#endif
+
+namespace escala::model {
+
+namespace {
+std::atomic<bool> g_vnni_enabled{true};
+}
+
+void set_vnni_enabled(bool enabled) { g_vnni_enabled = enabled; }
+
+bool vnni_handles(TensorType t) {
+  return t == TensorType::kQ4_0 || t == TensorType::kQ4_1 || t == TensorType::kQ8_0;
+}
+
+void quantize_acts_vnni(const float* x, int64_t m, int64_t k, VnniActs& a) {
+  a.m = m;
+  a.nb = k / 32;
+  a.nb_pad = (a.nb + 15) / 16 * 16;
+  a.q.assign(static_cast<size_t>(m * a.nb_pad * 32), 0);
+  a.d.assign(static_cast<size_t>(m * a.nb_pad), 0.0f);
+  a.s.assign(static_cast<size_t>(m * a.nb_pad), 0.0f);
+  for (int64_t r = 0; r < m; ++r) {
+    int8_t* q = a.q.data() + r * a.nb_pad * 32;
+    for (int64_t b = 0; b < a.nb; ++b) {
+      const float* xb = x + r * k + 32 * b;
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+      float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+      int sum = 0;
+      // Pair p = b / 2, half h = b % 2: elements 0-15 at 64p + 16h, 16-31 at 64p + 32 + 16h.
+      int8_t* base = q + 64 * (b / 2) + 16 * (b % 2);
+      for (int j = 0; j < 32; ++j) {
+        int v = static_cast<int>(std::lrintf(xb[j] * id));
+        sum += v;
+        base[j < 16 ? j : 32 + (j - 16)] = static_cast<int8_t>(v);
+      }
+      a.d[static_cast<size_t>(r * a.nb_pad + b)] = d;
+      a.s[static_cast<size_t>(r * a.nb_pad + b)] = d * static_cast<float>(sum);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+
+namespace {
+
+enum class Kind { kQ4_0, kQ4_1, kQ8_0 };
+
+template <Kind K>
+constexpr int64_t kBytes = K == Kind::kQ4_0 ? 18 : K == Kind::kQ4_1 ? 20 : 34;
+template <Kind K>
+constexpr int64_t kQsOffset = K == Kind::kQ4_1 ? 4 : 2;
+
+// The 64 unsigned weight bytes of blocks b0 and b0+1 (zeros when the second is absent), in the
+// activation layout [b0 0-15, b1 0-15, b0 16-31, b1 16-31].
+template <Kind K>
+ESCALA_VNNI_TARGET inline __m512i load_pair(const uint8_t* b0, bool has_b1) {
+  if constexpr (K == Kind::kQ8_0) {
+    __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2));
+    __m256i w1 = has_b1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 34 + 2))
+                        : _mm256_setzero_si256();
+    __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+    w = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), w);
+    return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80)));
+  } else {
+    __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + kQsOffset<K>));
+    __m128i q1 = has_b1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + kBytes<K> + kQsOffset<K>))
+                        : _mm_setzero_si128();
+    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
+    const __m256i mask = _mm256_set1_epi8(0x0f);
+    __m256i lo = _mm256_and_si256(v, mask);
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  }
+}
+
+// Weight scale and offset of `count` (<= 16) blocks starting at `blk`.
+template <Kind K>
+ESCALA_VNNI_TARGET inline void block_scales(const uint8_t* blk, int count, __m512& dw, __m512& mw) {
+  // Lanes past `count` are masked off (not read) and stay zero.
+  const __m512i idx = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(static_cast<int>(kBytes<K>)));
+  const __mmask16 live = static_cast<__mmask16>((1u << count) - 1u);
+  const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, blk, 1);
+  dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+  if constexpr (K == Kind::kQ4_1) {
+    mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+  } else {
+    mw = _mm512_mul_ps(dw, _mm512_set1_ps(K == Kind::kQ4_0 ? -8.0f : -128.0f));
+  }
+}
+
+template <Kind K, int R>
+ESCALA_VNNI_TARGET void dot_rows(const uint8_t* row, const VnniActs& a, int64_t t0, float* out) {
+  // Two float accumulators per row (even and odd pairs) so consecutive FMAs do not wait on
+  // each other's latency.
+  __m512 facc[R][2], macc[R];
+  for (int r = 0; r < R; ++r) facc[r][0] = facc[r][1] = macc[r] = _mm512_setzero_ps();
+  // Lane l of a pair's products belongs to block 2p + ((l / 4) & 1).
+  const __m512i pattern = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+  for (int64_t g = 0; g < a.nb; g += 16) {
+    const int count = static_cast<int>(std::min<int64_t>(16, a.nb - g));
+    const uint8_t* blk = row + g * kBytes<K>;
+    __m512 dw, mw;
+    block_scales<K>(blk, count, dw, mw);
+    __m512 scale[R];
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (t0 + r) * a.nb_pad + g;
+      scale[r] = _mm512_mul_ps(dw, _mm512_loadu_ps(a.d.data() + at));
+      macc[r] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a.s.data() + at), macc[r]);
+    }
+    for (int p = 0; 2 * p < count; ++p) {
+      const __m512i w = load_pair<K>(blk + 2 * p * kBytes<K>, 2 * p + 1 < count);
+      const __m512i idx = _mm512_add_epi32(pattern, _mm512_set1_epi32(2 * p));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* aq = a.q.data() + ((t0 + r) * a.nb_pad + g) * 32 + 64 * p;
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(aq));
+        facc[r][p & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, scale[r]),
+                                         facc[r][p & 1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(facc[r][0], facc[r][1]), macc[r]));
+}
+
+template <Kind K>
+void rows_impl(const WeightView& w, const VnniActs& a, float* y, int64_t row_begin, int64_t row_end) {
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const uint8_t* wr = static_cast<const uint8_t*>(w.data) + row * static_cast<int64_t>(w.row_stride);
+    float out[4];
+    int64_t t = 0;
+    for (; t + 4 <= a.m; t += 4) {
+      dot_rows<K, 4>(wr, a, t, out);
+      for (int r = 0; r < 4; ++r) y[(t + r) * w.rows + row] = out[r];
+    }
+    for (; t < a.m; ++t) {
+      dot_rows<K, 1>(wr, a, t, out);
+      y[t * w.rows + row] = out[0];
+    }
+  }
+}
+
+bool cpu_has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") &&
+         __builtin_cpu_supports("fma");
+}
+
+}  // namespace
+
+bool vnni_active() {
+  static const bool supported = cpu_has_vnni();
+  return supported && g_vnni_enabled.load(std::memory_order_relaxed);
+}
+
+void vnni_rows(const WeightView& w, const VnniActs& a, float* y, int64_t row_begin,
+               int64_t row_end) {
+  switch (w.type) {
+    case TensorType::kQ4_0: return rows_impl<Kind::kQ4_0>(w, a, y, row_begin, row_end);
+    case TensorType::kQ4_1: return rows_impl<Kind::kQ4_1>(w, a, y, row_begin, row_end);
+    case TensorType::kQ8_0: return rows_impl<Kind::kQ8_0>(w, a, y, row_begin, row_end);
+    default: return;
+  }
+}
+
+#else  // not x86-64: the portable kernels serve every type
+
+bool vnni_active() { return false; }
+void vnni_rows(const WeightView&, const VnniActs&, float*, int64_t, int64_t) {}
+
+#endif
+
+}  // namespace escala::model
