@@ -408,6 +408,16 @@ Status matmul(const WeightView& w_in, const float* x, int64_t m, float* y, int t
   const int64_t chunk = std::max<int64_t>(4, std::min<int64_t>(64, rows / (4 * nthreads) + 1));
   const int64_t nchunks = (rows + chunk - 1) / chunk;
 
+  const bool k_quant = w_in.type == TensorType::kQ4_K || w_in.type == TensorType::kQ6_K;
+  if (k_quant && vnni_active()) {
+    thread_local VnniActsK vk_storage;
+    const VnniActsK* vk = &vk_storage;
+    quantize_acts_vnni_k(x, m, w_in.cols, vk_storage);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nchunks > 1 && nthreads > 1)
+    for (int64_t c = 0; c < nchunks; ++c)
+      vnni_rows_k(args.w, *vk, y, c * chunk, std::min(rows, (c + 1) * chunk));
+    return {};
+  }
   if (vnni_handles(w_in.type) && vnni_active()) {
     // Reused across calls (decode runs this for every weight of every token). The workers
     // must see this thread's instance, hence the pointer.

@@ -40,7 +40,7 @@ struct MatmulArgs {
 
 namespace escala::model {
 
-// ---- AVX-512 VNNI path (quant_matmul_vnni.cpp) for q4_0, q4_1 and q8_0 ----
+// ---- AVX-512 VNNI path (quant_matmul_vnni.cpp) for q4_0, q4_1, q8_0, q4_K and q6_K ----
 //
 // Activations as int8 in pairs of blocks laid out [b0 0-15, b1 0-15, b0 16-31, b1 16-31], the
 // order in which a pair of q4 blocks' nibbles unpack, so one vpdpbusd covers 64 products.
@@ -52,6 +52,19 @@ struct VnniActs {
   std::vector<float> d;   // m * nb_pad: activation scale per block
   std::vector<float> s;   // m * nb_pad: scale * sum of levels per block
 };
+
+// For q4_K and q6_K: int8 activations in natural order, one scale per 256 (llama.cpp's q8_K).
+struct VnniActsK {
+  int64_t m = 0;
+  int64_t nsb = 0;            // 256-element super-blocks per row
+  std::vector<int8_t> q;      // m * nsb * 256
+  std::vector<float> d;       // m * nsb
+  std::vector<int32_t> bsum;  // m * nsb * 16: sum of each 16 levels
+};
+void quantize_acts_vnni_k(const float* x, int64_t m, int64_t k, VnniActsK& a);
+// Rows [row_begin, row_end) of y for w of type q4_K or q6_K.
+void vnni_rows_k(const WeightView& w, const VnniActsK& a, float* y, int64_t row_begin,
+                 int64_t row_end);
 
 // True when this CPU has AVX-512 BW/VL/VNNI (checked once) and the path is enabled.
 bool vnni_active();

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "model/quant_blocks.h"
@@ -37,7 +38,36 @@ std::atomic<bool> g_vnni_enabled{true};
 void set_vnni_enabled(bool enabled) { g_vnni_enabled = enabled; }
 
 bool vnni_handles(TensorType t) {
-  return t == TensorType::kQ4_0 || t == TensorType::kQ4_1 || t == TensorType::kQ8_0;
+  return t == TensorType::kQ4_0 || t == TensorType::kQ4_1 || t == TensorType::kQ8_0 ||
+         t == TensorType::kQ4_K || t == TensorType::kQ6_K;
+}
+
+void quantize_acts_vnni_k(const float* x, int64_t m, int64_t k, VnniActsK& a) {
+  a.m = m;
+  a.nsb = k / 256;
+  a.q.resize(static_cast<size_t>(m * k));
+  a.d.resize(static_cast<size_t>(m * a.nsb));
+  a.bsum.resize(static_cast<size_t>(m * a.nsb * 16));
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t b = 0; b < a.nsb; ++b) {
+      const float* xb = x + r * k + 256 * b;
+      int8_t* q = a.q.data() + r * k + 256 * b;
+      float amax = 0;
+      for (int j = 0; j < 256; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+      float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+      int32_t* bs = a.bsum.data() + (r * a.nsb + b) * 16;
+      for (int g = 0; g < 16; ++g) {
+        int sum = 0;
+        for (int j = 16 * g; j < 16 * g + 16; ++j) {
+          int v = static_cast<int>(std::lrintf(xb[j] * id));
+          q[j] = static_cast<int8_t>(v);
+          sum += v;
+        }
+        bs[g] = sum;
+      }
+      a.d[static_cast<size_t>(r * a.nsb + b)] = d;
+    }
+  }
 }
 
 void quantize_acts_vnni(const float* x, int64_t m, int64_t k, VnniActs& a) {
@@ -170,6 +200,131 @@ void rows_impl(const WeightView& w, const VnniActs& a, float* y, int64_t row_beg
   }
 }
 
+// q4_K: a 64-element chunk c is 32 bytes whose low nibbles are sub-block 2c and high nibbles
+// 2c+1, so [low | high] is the chunk in natural order and one vpdpbusd covers it. Lanes 0-7 of
+// the result belong to sub-block 2c, 8-15 to 2c+1; the 6-bit scales are applied in float.
+template <int R>
+ESCALA_VNNI_TARGET void dot_q4_k(const uint8_t* row, const VnniActsK& a, int64_t t0, float* out) {
+  __m512 facc[R][2];
+  float mins[R];
+  for (int r = 0; r < R; ++r) {
+    facc[r][0] = facc[r][1] = _mm512_setzero_ps();
+    mins[r] = 0;
+  }
+  const __m256i mask = _mm256_set1_epi8(0x0f);
+  for (int64_t b = 0; b < a.nsb; ++b) {
+    const uint8_t* blk = row + b * static_cast<int64_t>(sizeof(BlockQ4_K));
+    uint16_t dh, mh;
+    std::memcpy(&dh, blk + offsetof(BlockQ4_K, d), 2);
+    std::memcpy(&mh, blk + offsetof(BlockQ4_K, dmin), 2);
+    const float d = _cvtsh_ss(dh), dmin = _cvtsh_ss(mh);
+    alignas(32) float sc[8];
+    int mn[8];
+    for (int j = 0; j < 8; ++j) {
+      int s, m;
+      k_scale_min(blk + offsetof(BlockQ4_K, scales), j, s, m);
+      sc[j] = static_cast<float>(s);
+      mn[j] = m;
+    }
+    const __m512 sc8 = _mm512_castps256_ps512(_mm256_load_ps(sc));
+    __m512 scale[R];
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (t0 + r) * a.nsb + b;
+      const float da = a.d[static_cast<size_t>(at)];
+      scale[r] = _mm512_mul_ps(sc8, _mm512_set1_ps(d * da));
+      const int32_t* bs = a.bsum.data() + at * 16;
+      int msum = 0;
+      for (int j = 0; j < 8; ++j) msum += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
+      mins[r] += dmin * da * static_cast<float>(msum);
+    }
+    const uint8_t* qs = blk + offsetof(BlockQ4_K, qs);
+    for (int c = 0; c < 4; ++c) {
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+      __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, mask)),
+                                     _mm256_and_si256(_mm256_srli_epi16(v, 4), mask), 1);
+      const __m512i idx = _mm512_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c,
+                                            2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
+                                            2 * c + 1, 2 * c + 1, 2 * c + 1);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* aq = a.q.data() + ((t0 + r) * a.nsb + b) * 256 + 64 * c;
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(aq));
+        facc[r][c & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, scale[r]),
+                                         facc[r][c & 1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(facc[r][0], facc[r][1])) - mins[r];
+}
+
+// q6_K: the unsigned 6-bit levels go through vpdpbusd, and the -32 offset comes back through
+// the activation sums of each 16 elements: sum_k sc_k * 32 * bsum_k. Half h (128 elements)
+// unpacks from 64 ql bytes and 32 qh bytes into elements 0-63 (low nibbles, qh bits 0-3) and
+// 64-127 (high nibbles, qh bits 4-7), both in natural order.
+template <int R>
+ESCALA_VNNI_TARGET void dot_q6_k(const uint8_t* row, const VnniActsK& a, int64_t t0, float* out) {
+  __m512 facc[R][2];
+  for (int r = 0; r < R; ++r) facc[r][0] = facc[r][1] = _mm512_setzero_ps();
+  float corr[R] = {};
+  const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(0x03);
+  for (int64_t b = 0; b < a.nsb; ++b) {
+    const uint8_t* blk = row + b * static_cast<int64_t>(sizeof(BlockQ6_K));
+    uint16_t dh;
+    std::memcpy(&dh, blk + offsetof(BlockQ6_K, d), 2);
+    const float d = _cvtsh_ss(dh);
+    const __m512i sc_i = _mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + offsetof(BlockQ6_K, scales))));
+    const __m512 sc_f = _mm512_cvtepi32_ps(sc_i);
+    __m512 scale[R];
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (t0 + r) * a.nsb + b;
+      const float dd = d * a.d[static_cast<size_t>(at)];
+      scale[r] = _mm512_mul_ps(sc_f, _mm512_set1_ps(dd));
+      const __m512i bs = _mm512_loadu_si512(a.bsum.data() + at * 16);
+      corr[r] += 32.0f * dd * static_cast<float>(_mm512_reduce_add_epi32(_mm512_mullo_epi32(sc_i, bs)));
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = _mm512_loadu_si512(blk + offsetof(BlockQ6_K, ql) + 64 * h);
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ6_K, qh) + 32 * h));
+      const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+      const __m512i lo = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                         _mm512_slli_epi16(_mm512_and_si512(qh2, m2), 4));
+      const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh2, 4), m2), 4));
+      // Lane l of a 64-element product belongs to sub-block 8h + 4 * part + l / 4.
+      const __m512i idx0 = _mm512_add_epi32(
+          _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(8 * h));
+      const __m512i idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32(4));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* aq = a.q.data() + ((t0 + r) * a.nsb + b) * 256 + 128 * h;
+        __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(aq));
+        __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(aq + 64));
+        facc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_permutexvar_ps(idx0, scale[r]), facc[r][0]);
+        facc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_permutexvar_ps(idx1, scale[r]), facc[r][1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(facc[r][0], facc[r][1])) - corr[r];
+}
+
+template <bool kQ6>
+void rows_k_impl(const WeightView& w, const VnniActsK& a, float* y, int64_t row_begin, int64_t row_end) {
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const uint8_t* wr = static_cast<const uint8_t*>(w.data) + row * static_cast<int64_t>(w.row_stride);
+    float out[4];
+    int64_t t = 0;
+    for (; t + 4 <= a.m; t += 4) {
+      if constexpr (kQ6) dot_q6_k<4>(wr, a, t, out); else dot_q4_k<4>(wr, a, t, out);
+      for (int r = 0; r < 4; ++r) y[(t + r) * w.rows + row] = out[r];
+    }
+    for (; t < a.m; ++t) {
+      if constexpr (kQ6) dot_q6_k<1>(wr, a, t, out); else dot_q4_k<1>(wr, a, t, out);
+      y[t * w.rows + row] = out[0];
+    }
+  }
+}
+
 bool cpu_has_vnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -195,10 +350,17 @@ void vnni_rows(const WeightView& w, const VnniActs& a, float* y, int64_t row_beg
   }
 }
 
+void vnni_rows_k(const WeightView& w, const VnniActsK& a, float* y, int64_t row_begin,
+                 int64_t row_end) {
+  if (w.type == TensorType::kQ6_K) return rows_k_impl<true>(w, a, y, row_begin, row_end);
+  return rows_k_impl<false>(w, a, y, row_begin, row_end);
+}
+
 #else  // not x86-64: the portable kernels serve every type
 
 bool vnni_active() { return false; }
 void vnni_rows(const WeightView&, const VnniActs&, float*, int64_t, int64_t) {}
+void vnni_rows_k(const WeightView&, const VnniActsK&, float*, int64_t, int64_t) {}
 
 #endif
 

@@ -103,8 +103,9 @@ TEST(QuantMatmul, AllTypesMatchReference) {
 TEST(QuantMatmul, PortableKernelsWhenVnniIsOff) {
   set_vnni_enabled(false);
   uint32_t seed = 100;
-  for (TensorType t : {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0}) {
-    for (int64_t cols : {32, 96, 576, 1536}) {
+  for (TensorType t : {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0, TensorType::kQ4_K,
+                       TensorType::kQ6_K}) {
+    for (int64_t cols : {256, 768, 1536}) {
       for (int64_t m : {1, 5}) {
         SCOPED_TRACE(fmt::format("{} cols={} m={}", tensor_type_name(t), cols, m));
         Fixture f = make_weights(t, 21, cols, seed++);
