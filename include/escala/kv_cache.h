@@ -115,6 +115,9 @@ struct KvBatch {
   std::vector<std::vector<int32_t>> page_indices;  // [group][...]
 };
 
+// Not thread-safe: one thread (the engine step) calls everything but write_kv and the const
+// methods. write_kv calls for different layers, or for sequences that share no pending block, may
+// run concurrently: they only touch their own token slots.
 class KvCache {
  public:
   static Result<std::unique_ptr<KvCache>> create(const CacheConfig& config);

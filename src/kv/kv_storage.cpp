@@ -31,8 +31,7 @@ KvStorage::KvStorage(int32_t slots, int32_t num_blocks, int32_t block_size, int3
       d_(head_dim),
       dtype_(dtype),
       hadamard_(hadamard_keys),
-      eb_(dtype_size(dtype)),
-      tmp_(size_t(head_dim)) {
+      eb_(dtype_size(dtype)) {
   const size_t bytes = size_t(num_blocks) * size_t(page_elems()) * eb_;
   size_t scales = 0;
   if (dtype == DType::kI8) scales = size_t(num_blocks) * block_size * num_kv_heads;
@@ -116,15 +115,17 @@ void KvStorage::store_row(uint8_t* base, std::vector<float>& scales, int32_t blo
 }
 
 void KvStorage::write(int32_t j, int32_t block, int32_t slot, const float* k, const float* v) {
+  // Per thread, so that writes of different layers or sequences may run concurrently.
+  thread_local std::vector<float> rotated;
   for (int32_t h = 0; h < h_kv_; ++h) {
     const float* kr = k + int64_t(h) * d_;
     if (hadamard_) {
-      std::copy_n(kr, d_, tmp_.begin());
-      hadamard_rotate(tmp_.data(), 1, d_);
-      kr = tmp_.data();
+      rotated.assign(kr, kr + d_);
+      hadamard_rotate(rotated.data(), 1, d_);
+      kr = rotated.data();
     }
-    store_row(k_[j].get(), k_scale_.empty() ? tmp_ : k_scale_[j], block, slot, h, kr);
-    store_row(v_[j].get(), v_scale_.empty() ? tmp_ : v_scale_[j], block, slot, h, v + int64_t(h) * d_);
+    store_row(k_[j].get(), k_scale_.empty() ? no_scales_ : k_scale_[j], block, slot, h, kr);
+    store_row(v_[j].get(), v_scale_.empty() ? no_scales_ : v_scale_[j], block, slot, h, v + int64_t(h) * d_);
   }
 }
 

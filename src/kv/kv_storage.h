@@ -53,7 +53,7 @@ class KvStorage {
   size_t eb_;
   std::vector<std::unique_ptr<uint8_t[]>> k_, v_;
   std::vector<std::vector<float>> k_scale_, v_scale_;
-  std::vector<float> tmp_;
+  std::vector<float> no_scales_;  // float formats: store_row never touches it
 };
 
 }  // namespace escala::kv
