@@ -84,8 +84,10 @@ bool append(KvCache& cache, SeqId id, std::vector<int32_t>& tokens, const std::v
 }
 
 // Every resident K/V element of every sequence, read through the exported attention view, equals
-// what the model wrote for that sequence's own tokens.
-void check_data(const KvCache& cache, const std::map<SeqId, std::vector<int32_t>>& model) {
+// what the model wrote for that sequence's own tokens. A streamed sequence's view holds its sink
+// blocks then its window: cache position i is true position i, or i + evicted past the sinks.
+void check_data(const KvCache& cache, const std::map<SeqId, std::vector<int32_t>>& model,
+                const std::map<SeqId, StreamingPolicy>& policies = {}) {
   std::vector<SeqId> ids;
   for (const auto& [id, t] : model) ids.push_back(id);
   auto batch = cache.batch(ids);
@@ -97,15 +99,21 @@ void check_data(const KvCache& cache, const std::map<SeqId, std::vector<int32_t>
     for (size_t b = 0; b < ids.size(); ++b) {
       const auto& tokens = model.at(ids[b]);
       const auto h = prefix_hashes(tokens);
-      ASSERT_EQ(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b], int32_t(tokens.size()));
+      const int64_t evicted = cache.evicted_tokens(ids[b], cache.group_of_layer(l));
+      auto pol = policies.find(ids[b]);
+      const int64_t sink_end =
+          pol == policies.end() ? 0 : (pol->second.num_sinks + c.block_size - 1) / c.block_size * c.block_size;
+      ASSERT_EQ(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b], int64_t(tokens.size()) - evicted);
       const attn::KvSeq K = attn::make_kv_seq(p, int32_t(b), false), V = attn::make_kv_seq(p, int32_t(b), true);
-      for (size_t t = 0; t < tokens.size(); ++t)
+      for (int64_t i = 0; i < int64_t(tokens.size()) - evicted; ++i) {
+        const size_t t = size_t(evicted > 0 && i >= sink_end ? i + evicted : i);
         for (int32_t hh = 0; hh < c.num_kv_heads; ++hh)
           for (int32_t ch = 0; ch < c.head_dim; ++ch) {
-            ASSERT_EQ(K.load(int64_t(t), hh, ch), kv_value(h[t], l, hh, ch, false))
+            ASSERT_EQ(K.load(i, hh, ch), kv_value(h[t], l, hh, ch, false))
                 << "seq " << ids[b] << " layer " << l << " token " << t;
-            ASSERT_EQ(V.load(int64_t(t), hh, ch), kv_value(h[t], l, hh, ch, true));
+            ASSERT_EQ(V.load(i, hh, ch), kv_value(h[t], l, hh, ch, true));
           }
+      }
     }
   }
 }
@@ -122,7 +130,7 @@ void check_accounting(const KvCache& cache, const std::map<SeqId, std::vector<in
     ASSERT_EQ(cache.num_tokens(id), int64_t(tokens.size()));
     for (int32_t g = 0; g < groups; ++g) {
       auto t = cache.block_table(id, g);
-      ASSERT_EQ(int64_t(t.size()), (int64_t(tokens.size()) + bs - 1) / bs);
+      ASSERT_EQ(int64_t(t.size()), (int64_t(tokens.size()) + bs - 1) / bs - cache.evicted_tokens(id, g) / bs);
       for (int32_t b : t) ++refs[b];
       table_blocks += int64_t(t.size());
     }
@@ -334,10 +342,11 @@ TEST(KvBlockManager, BytesInUseMatchTheFormula) {
 }
 
 // The model-based randomized test: random operations, each checked against a plain model.
-void run_random_ops(uint32_t seed, int32_t groups, int steps) {
+void run_random_ops(uint32_t seed, int32_t groups, int steps, bool streaming = false) {
   std::mt19937 rng(seed);
   auto cache = make(small_config(40, 4, groups));
   std::map<SeqId, std::vector<int32_t>> model;
+  std::map<SeqId, StreamingPolicy> policies;  // streamed sequences
   SeqId next = 0;
   // A few shared prompt stems so that prefix hits happen often.
   std::vector<std::vector<int32_t>> stems;
@@ -364,7 +373,12 @@ void run_random_ops(uint32_t seed, int32_t groups, int steps) {
       auto tail = random_tokens(rng() % 9);
       prompt.insert(prompt.end(), tail.begin(), tail.end());
       const SeqId id = next++;
-      auto got = cache->add_sequence(id, prompt);
+      SeqOptions opt;
+      if (streaming && rng() % 2) {
+        opt.streaming = {int32_t(rng() % 6), 4 + int32_t(rng() % 12)};
+        policies[id] = opt.streaming;
+      }
+      auto got = cache->add_sequence(id, prompt, opt);
       ASSERT_TRUE(got.ok()) << got.message();
       ASSERT_EQ(*got % 4, 0);
       ASSERT_LT(*got, int64_t(prompt.size()));
@@ -375,6 +389,7 @@ void run_random_ops(uint32_t seed, int32_t groups, int steps) {
         ++out_of_blocks;
         ASSERT_TRUE(cache->free_sequence(id).ok());  // rejected: admission failed
         model.erase(id);
+        policies.erase(id);
       }
     } else if (op <= 4) {  // append to one or several sequences at once
       std::vector<SeqId> ids;
@@ -397,6 +412,7 @@ void run_random_ops(uint32_t seed, int32_t groups, int steps) {
           const SeqId victim = pick();
           ASSERT_TRUE(cache->free_sequence(victim).ok());
           model.erase(victim);
+          policies.erase(victim);
         }
       } else {
         ASSERT_TRUE(cache->apply(*plan).ok());
@@ -411,10 +427,13 @@ void run_random_ops(uint32_t seed, int32_t groups, int steps) {
       const SeqId parent = pick(), child = next++;
       ASSERT_TRUE(cache->fork(parent, child).ok());
       model[child] = model[parent];
+      if (policies.count(parent)) policies[child] = policies[parent];
     } else if (op == 6) {  // truncate (rejected speculative tokens)
       const SeqId id = pick();
       const int64_t n = int64_t(model[id].size()) - int64_t(rng() % 7);
-      if (n >= 0) {
+      const int64_t evicted = cache->evicted_tokens(id);
+      const int32_t sink_blocks = policies.count(id) ? (policies[id].num_sinks + 3) / 4 : 0;
+      if (n >= 0 && (evicted == 0 || n >= evicted + sink_blocks * 4)) {
         ASSERT_TRUE(cache->truncate(id, n).ok());
         model[id].resize(size_t(n));
       } else {
@@ -424,13 +443,19 @@ void run_random_ops(uint32_t seed, int32_t groups, int steps) {
       const SeqId id = pick();
       ASSERT_TRUE(cache->free_sequence(id).ok());
       model.erase(id);
+      policies.erase(id);
       ASSERT_FALSE(cache->free_sequence(id).ok());  // no double free
     } else {  // bad input is an error and changes nothing
       EXPECT_FALSE(cache->fork(next + 100, next + 101).ok());
       EXPECT_FALSE(cache->truncate(pick(), 1 << 20).ok());
     }
     ASSERT_NO_FATAL_FAILURE(check_accounting(*cache, model)) << "step " << step;
-    ASSERT_NO_FATAL_FAILURE(check_data(*cache, model)) << "step " << step;
+    ASSERT_NO_FATAL_FAILURE(check_data(*cache, model, policies)) << "step " << step;
+    for (const auto& [id, pol] : policies)  // constant memory per streamed sequence
+      ASSERT_LE(int64_t(cache->block_table(id).size()), (pol.num_sinks + 3) / 4 + (pol.window + 6) / 4 + 3);
+  }
+  if (streaming) {
+    EXPECT_GT(cache->stats().streamed_releases, 0);
   }
   EXPECT_GT(out_of_blocks, 0);  // the pool was under pressure
   EXPECT_GT(hits, 0);           // and prefixes were reused
@@ -446,6 +471,10 @@ TEST(KvBlockManager, RandomOperationsMatchTheModel) {
 }
 
 TEST(KvBlockManager, RandomOperationsMatchTheModelWithTwoLayerGroups) { run_random_ops(11, 2, 1000); }
+
+TEST(KvBlockManager, RandomOperationsMatchTheModelWithStreamedSequences) {
+  for (uint32_t seed : {21u, 22u}) run_random_ops(seed, seed == 21 ? 1 : 2, 1500, true);
+}
 
 }  // namespace
 }  // namespace escala::kv
