@@ -2,7 +2,9 @@
 // y = W x for each weight type at SmolLM2-135M's shapes and at 4096 x 4096, next to this
 // machine's read bandwidth measured in the same run.
 //
-//   escala_model_matmul_bench [--threads N] [--min-ms MS] [--batch M]
+//   escala_model_matmul_bench [--threads N] [--min-ms MS] [--batch M] [--portable]
+//
+// --portable turns off the AVX-512 VNNI kernels so the Highway (SSE4/AVX2/AVX-512) ones run.
 #include <omp.h>
 
 #include <algorithm>
@@ -15,6 +17,10 @@
 #include <vector>
 
 #include "escala/quant.h"
+
+namespace escala::model {
+void set_vnni_enabled(bool enabled);  // src/model/quant_matmul_internal.h
+}
 
 namespace {
 
@@ -75,8 +81,9 @@ int main(int argc, char** argv) {
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--min-ms" && i + 1 < argc) min_ms = std::atof(argv[++i]);
     else if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
+    else if (a == "--portable") escala::model::set_vnni_enabled(false);
     else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--min-ms MS] [--batch M]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--min-ms MS] [--batch M] [--portable]\n", argv[0]);
       return 2;
     }
   }

@@ -243,9 +243,13 @@ Status GgufWriter::write(const std::string& path) const {
     p += n;
     left -= static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+  bool synced = ::fsync(fd) == 0;
+  int sync_errno = errno;
+  bool closed = ::close(fd) == 0;
+  if (!synced || !closed) {
     ::unlink(tmp.c_str());
-    return Status::error(fmt::format("{}: sync/close failed: {}", tmp, std::strerror(errno)));
+    return Status::error(fmt::format("{}: sync/close failed: {}", tmp,
+                                     std::strerror(synced ? errno : sync_errno)));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;

@@ -396,6 +396,7 @@ bool has_fast_kernel(TensorType t) {
 Status matmul(const WeightView& w_in, const float* x, int64_t m, float* y, int threads) {
   ESCALA_RETURN_IF_ERROR(check(w_in));
   if (m <= 0) return {};
+  if (!x || !y) return Status::error("matmul: null activation or output pointer");
   MatmulArgs args;
   args.w = w_in;
   if (args.w.row_stride == 0) args.w.row_stride = *row_bytes(w_in.type, w_in.cols);
