@@ -40,13 +40,14 @@ struct AttnCase {
   float softcap = 0.0f, scale = 0.0f;
   int page_size = 0;  // 0: contiguous
   float value_range = 1.0f;
+  int rope = 0;  // keys stored before RoPE: 0 off, 1 pairs (2i, 2i+1), 2 NeoX pairs (i, i+d/2)
 };
 
 // Owns the inputs of one case and produces AttentionParams over them.
 struct AttnBuffers {
   AttnCase c;
   std::vector<uint8_t> q, k, v;
-  std::vector<float> k_scale, v_scale, sinks;
+  std::vector<float> k_scale, v_scale, sinks, inv_freq;
   std::vector<int32_t> cu_q{0}, cu_k{0}, page_indptr{0}, page_indices;
   int64_t total_q = 0, total_kv = 0, num_pages = 0;
 
@@ -74,6 +75,10 @@ struct AttnBuffers {
     p.window_left = c.window_left; p.window_right = c.window_right; p.num_sinks = c.num_sinks;
     p.sink_logits = c.sink_logits ? sinks.data() : nullptr;
     p.softcap = c.softcap;
+    if (c.rope) {
+      p.rope_inv_freq = inv_freq.data();
+      p.rope_neox = c.rope == 2;
+    }
     return p;
   }
 };
@@ -159,6 +164,7 @@ inline AttnBuffers make_buffers(const AttnCase& c, std::mt19937& rng) {
   fill_kv(b.v, b.v_scale, c, slots, b.dv(), rng);
   std::uniform_real_distribution<float> us(-2.0f, 3.0f);
   for (int i = 0; i < c.h; ++i) b.sinks.push_back(us(rng));
+  for (int i = 0; i < c.d / 2; ++i) b.inv_freq.push_back(std::pow(10000.0f, -2.0f * float(i) / float(c.d)));
   return b;
 }
 

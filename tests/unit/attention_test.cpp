@@ -76,6 +76,11 @@ AttnCase random_case(std::mt19937& rng, bool short_queries) {
   c.sink_logits = rng() % 3 == 0;
   if (rng() % 3 == 0) c.softcap = 5.0f + float(rng() % 30);
   if (rng() % 4 == 0) c.scale = 0.05f + float(rng() % 100) / 200.0f;
+  // Layout and storage: paged (random page permutation), quantized, keys stored before RoPE.
+  if (rng() % 3 == 0) c.page_size = pick({1, 7, 16});
+  if (rng() % 4 == 0) c.kv_dtype = DType::kI8;
+  if (c.page_size > 0 && rng() % 4 == 0) c.kv_dtype = DType::kFp8E4M3;
+  if (rng() % 6 == 0) c.rope = 1 + int(rng() % 2);
   return c;
 }
 
@@ -90,7 +95,9 @@ TEST_P(AttentionProperty, RandomCasesMatchReference) {
     AttnCase c = random_case(case_rng, impl == Impl::kDecode);
     SCOPED_TRACE(::testing::Message() << "iter " << iter << " seed " << seed << " d=" << c.d << " h=" << c.h
                                       << "/" << c.h_kv << " causal=" << c.causal << " win=" << c.window_left << ","
-                                      << c.window_right << " sinks=" << c.num_sinks << " softcap=" << c.softcap);
+                                      << c.window_right << " sinks=" << c.num_sinks << " softcap=" << c.softcap
+                                      << " page=" << c.page_size << " kv=" << dtype_name(c.kv_dtype)
+                                      << " rope=" << c.rope);
     check_against_reference(c, impl, seed);
     if (::testing::Test::HasFailure()) return;
   }
@@ -116,6 +123,55 @@ TEST(Attention, FastPathHeadDimsAllMasks) {
         if (mask >= 3) { c.num_sinks = 4; c.softcap = 20.0f; c.sink_logits = true; }
         check_against_reference(c, Impl::kFlash, rng());
       }
+}
+
+TEST(Attention, PagedEqualsContiguousBitForBit) {
+  // Same inputs laid out contiguous and as permuted pages: the kernels read the same values in the
+  // same order, so the outputs must be identical, not just close.
+  std::mt19937 rng(std::random_device{}());
+  for (Impl impl : {Impl::kFlash, Impl::kDecode})
+    for (DType kv : {DType::kBF16, DType::kI8}) {
+      AttnCase c;
+      c.d = 128;
+      c.h = 8;
+      c.h_kv = 2;
+      c.q_dtype = DType::kBF16;
+      c.kv_dtype = kv;
+      c.q_lens = impl == Impl::kDecode ? std::vector<int>{1, 3} : std::vector<int>{100, 37};
+      c.kv_lens = {300, 37};
+      c.causal = true;
+      c.num_sinks = 2;
+      c.window_left = 90;
+      c.page_size = 16;
+      const uint32_t seed = rng();
+      std::mt19937 r1(seed);
+      AttnBuffers paged = make_buffers(c, r1);
+      // Gather the pages back into contiguous rows (and per-row int8 scales).
+      AttnCase cc = c;
+      cc.page_size = 0;
+      std::mt19937 r2(seed);
+      AttnBuffers cont = make_buffers(cc, r2);
+      const int64_t row_bytes = int64_t(c.h_kv) * c.d * dtype_size(kv);
+      for (int b = 0; b < 2; ++b)
+        for (int t = 0; t < c.kv_lens[b]; ++t) {
+          const int64_t slot = int64_t(paged.page_indices[paged.page_indptr[b] + t / 16]) * 16 + t % 16;
+          const int64_t row = cont.cu_k[b] + t;
+          std::copy_n(paged.k.data() + slot * row_bytes, row_bytes, cont.k.data() + row * row_bytes);
+          std::copy_n(paged.v.data() + slot * row_bytes, row_bytes, cont.v.data() + row * row_bytes);
+          if (kv == DType::kI8)
+            for (int hh = 0; hh < c.h_kv; ++hh) {
+              cont.k_scale[row * c.h_kv + hh] = paged.k_scale[slot * c.h_kv + hh];
+              cont.v_scale[row * c.h_kv + hh] = paged.v_scale[slot * c.h_kv + hh];
+            }
+        }
+      cont.q = paged.q;
+      auto o1 = poisoned_output(paged), o2 = poisoned_output(cont);
+      attn::CpuOptions opt;
+      opt.impl = impl;
+      ASSERT_TRUE(attn::attention(paged.params(o1.data(), nullptr), opt).ok());
+      ASSERT_TRUE(attn::attention(cont.params(o2.data(), nullptr), opt).ok());
+      EXPECT_EQ(o1, o2) << "impl " << int(impl) << " kv " << dtype_name(kv);
+    }
 }
 
 TEST(Attention, QueryLongerThanKvMasksLeadingRows) {

@@ -42,42 +42,90 @@ struct Geometry {
 };
 
 struct Scratch {
-  hwy::AlignedFreeUniquePtr<float[]> q, kf, vf, s, o, m, l;
+  hwy::AlignedFreeUniquePtr<float[]> q, kf, vf, s, o, m, l, alpha;
   void init(int rows, int d, int dv) {
     q = hwy::AllocateAligned<float>(size_t(rows) * d);
     kf = hwy::AllocateAligned<float>(size_t(kBlock) * d);
     vf = hwy::AllocateAligned<float>(size_t(kBlock) * dv);
-    s = hwy::AllocateAligned<float>(size_t(rows) * kBlock);
+    s = hwy::AllocateAligned<float>(size_t(rows) * kBlock + 64);
     o = hwy::AllocateAligned<float>(size_t(rows) * dv);
     m = hwy::AllocateAligned<float>(rows);
     l = hwy::AllocateAligned<float>(rows);
+    alpha = hwy::AllocateAligned<float>(rows);
   }
 };
 
-// Dot products of `rows` query rows with `nk` keys: s[r][j] = q[r] . k[j].
+// Dot products of `rows` query rows with `nk` keys: s[r][j] = q[r] . k[j]. Four keys at a time
+// for independent FMA chains; one horizontal sum per (row, key).
 HWY_ATTR void scores(const float* HWY_RESTRICT q, const float* HWY_RESTRICT kf, int rows, int nk, int d,
                      float* HWY_RESTRICT s) {
   const DF df;
   const int L = int(hn::Lanes(df));
   for (int r = 0; r < rows; ++r) {
     const float* qr = q + size_t(r) * d;
+    float* sr = s + size_t(r) * kBlock;
     int j = 0;
-    for (; j + 2 <= nk; j += 2) {  // two keys at once: independent FMA chains
+    for (; j + 4 <= nk; j += 4) {
       const float* k0 = kf + size_t(j) * d;
-      const float* k1 = k0 + d;
-      VF a0 = hn::Zero(df), a1 = hn::Zero(df);
+      VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
       for (int c = 0; c < d; c += L) {
         const VF qv = hn::Load(df, qr + c);
         a0 = hn::MulAdd(qv, hn::Load(df, k0 + c), a0);
-        a1 = hn::MulAdd(qv, hn::Load(df, k1 + c), a1);
+        a1 = hn::MulAdd(qv, hn::Load(df, k0 + d + c), a1);
+        a2 = hn::MulAdd(qv, hn::Load(df, k0 + 2 * d + c), a2);
+        a3 = hn::MulAdd(qv, hn::Load(df, k0 + 3 * d + c), a3);
       }
-      s[size_t(r) * kBlock + j] = hn::GetLane(hn::SumOfLanes(df, a0));
-      s[size_t(r) * kBlock + j + 1] = hn::GetLane(hn::SumOfLanes(df, a1));
+      sr[j] = hn::GetLane(hn::SumOfLanes(df, a0));
+      sr[j + 1] = hn::GetLane(hn::SumOfLanes(df, a1));
+      sr[j + 2] = hn::GetLane(hn::SumOfLanes(df, a2));
+      sr[j + 3] = hn::GetLane(hn::SumOfLanes(df, a3));
     }
     for (; j < nk; ++j) {
       VF a0 = hn::Zero(df);
       for (int c = 0; c < d; c += L) a0 = hn::MulAdd(hn::Load(df, qr + c), hn::Load(df, kf + size_t(j) * d + c), a0);
-      s[size_t(r) * kBlock + j] = hn::GetLane(hn::SumOfLanes(df, a0));
+      sr[j] = hn::GetLane(hn::SumOfLanes(df, a0));
+    }
+  }
+}
+
+// o[r] = o[r] * alpha[r] + sum_j p[r][j] v[j] for all rows; two rows share each V load, and up to
+// kMaxVecs accumulators per row stay in registers.
+constexpr int kMaxVecs = 8;
+HWY_ATTR void accumulate_pv(const float* HWY_RESTRICT p, const float* HWY_RESTRICT vf, const float* alpha, int rows,
+                            int nk, int dvp, float* HWY_RESTRICT o) {
+  const DF df;
+  const int L = int(hn::Lanes(df));
+  for (int c0 = 0; c0 < dvp; c0 += kMaxVecs * L) {
+    const int nv = std::min(kMaxVecs, (dvp - c0) / L);
+    for (int r = 0; r < rows; r += 2) {
+      const bool two = r + 1 < rows;
+      const float* p0 = p + size_t(r) * kBlock;
+      const float* p1 = two ? p0 + kBlock : p0;
+      float* o0 = o + size_t(r) * dvp + c0;
+      float* o1 = two ? o0 + dvp : o0;
+      VF a0[kMaxVecs], a1[kMaxVecs];
+      const VF al0 = hn::Set(df, alpha[r]), al1 = hn::Set(df, two ? alpha[r + 1] : 0.0f);
+      for (int v = 0; v < kMaxVecs; ++v) a0[v] = a1[v] = hn::Zero(df);
+      for (int v = 0; v < kMaxVecs; ++v)
+        if (v < nv) {
+          a0[v] = hn::Mul(hn::Load(df, o0 + v * L), al0);
+          a1[v] = hn::Mul(hn::Load(df, o1 + v * L), al1);
+        }
+      for (int j = 0; j < nk; ++j) {
+        const VF w0 = hn::Set(df, p0[j]), w1 = hn::Set(df, p1[j]);
+        const float* vr = vf + size_t(j) * dvp + c0;
+        for (int v = 0; v < kMaxVecs; ++v)
+          if (v < nv) {
+            const VF x = hn::Load(df, vr + v * L);
+            a0[v] = hn::MulAdd(w0, x, a0[v]);
+            a1[v] = hn::MulAdd(w1, x, a1[v]);
+          }
+      }
+      for (int v = 0; v < kMaxVecs; ++v)
+        if (v < nv) {
+          hn::Store(a0[v], df, o0 + v * L);
+          if (two) hn::Store(a1[v], df, o1 + v * L);
+        }
     }
   }
 }
@@ -121,6 +169,7 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
   float* kf = sc.kf.get();
   float* vf = sc.vf.get();
   float* s = sc.s.get();
+  float* alpha = sc.alpha.get();
   for (int64_t v0 = v_lo; v0 < v_hi;) {
     // A block never straddles the sink/window boundary, so its keys are contiguous.
     int64_t v1 = std::min(v_hi, v0 + kBlock);
@@ -134,35 +183,45 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
     if (dvp != dv)
       for (int j = 0; j < nk; ++j) std::fill(vf + size_t(j) * dvp + dv, vf + size_t(j) * dvp + dvp, 0.0f);
     scores(q, kf, rows, nk, dp, s);
+    // Per-element masking only when some (query, key) pair of the block may be invisible.
+    const int64_t jl = j0 + nk - 1, pos_hi = pos0 + g.q_len - 1;
+    const bool full = (!p.causal || jl <= pos0) &&
+                      (p.window_left < 0 || j0 >= pos_hi - p.window_left || jl < p.num_sinks) &&
+                      (p.window_right < 0 || jl <= pos0 + p.window_right || jl < p.num_sinks);
+    const int nkp = (nk + L - 1) / L * L;  // scores padded to whole vectors with -inf
     for (int r = 0; r < rows; ++r) {
       float* sr = s + size_t(r) * kBlock;
-      const int64_t pos = pos0 + r / group;
-      float mx = m[r];
-      for (int j = 0; j < nk; ++j) {
-        float x = sr[j];
-        if (p.softcap > 0.0f) x = p.softcap * std::tanh(x / p.softcap);
-        if (!mask.visible(pos, j0 + j)) x = kNegInf;
-        sr[j] = x;
-        mx = std::max(mx, x);
+      if (p.softcap > 0.0f) {
+        const VF cap = hn::Set(df, p.softcap), inv = hn::Set(df, 1.0f / p.softcap);
+        for (int j = 0; j < nkp; j += L)
+          hn::Store(hn::Mul(cap, hn::Tanh(df, hn::Mul(hn::Load(df, sr + j), inv))), df, sr + j);
       }
-      if (mx == kNegInf) continue;  // nothing visible yet for this row
-      const float alpha = std::exp(m[r] - mx);
-      float sum = 0.0f;
-      for (int j = 0; j < nk; ++j) {
-        sr[j] = std::exp(sr[j] - mx);
-        sum += sr[j];
+      for (int j = nk; j < nkp; ++j) sr[j] = kNegInf;  // after the soft-cap, which would make it finite
+      if (!full) {
+        const int64_t pos = pos0 + r / group;
+        for (int j = 0; j < nk; ++j)
+          if (!mask.visible(pos, j0 + j)) sr[j] = kNegInf;
       }
-      l[r] = l[r] * alpha + sum;
+      VF vmax = hn::Set(df, m[r]);
+      for (int j = 0; j < nkp; j += L) vmax = hn::Max(vmax, hn::Load(df, sr + j));
+      const float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      if (mx == kNegInf) {  // nothing visible yet for this row: weights 0, state unchanged
+        alpha[r] = 1.0f;
+        std::fill(sr, sr + nkp, 0.0f);
+        continue;
+      }
+      alpha[r] = std::exp(m[r] - mx);
+      const VF vm = hn::Set(df, mx);
+      VF sum = hn::Zero(df);
+      for (int j = 0; j < nkp; j += L) {
+        const VF e = hn::Exp(df, hn::Sub(hn::Load(df, sr + j), vm));
+        sum = hn::Add(sum, e);
+        hn::Store(e, df, sr + j);
+      }
+      l[r] = l[r] * alpha[r] + hn::GetLane(hn::SumOfLanes(df, sum));
       m[r] = mx;
-      // o[r] = o[r] * alpha + sum_j p[j] v[j]
-      float* orow = o + size_t(r) * dvp;
-      const VF va = hn::Set(df, alpha);
-      for (int c = 0; c < dvp; c += L) {
-        VF acc = hn::Mul(hn::Load(df, orow + c), va);
-        for (int j = 0; j < nk; ++j) acc = hn::MulAdd(hn::Set(df, sr[j]), hn::Load(df, vf + size_t(j) * dvp + c), acc);
-        hn::Store(acc, df, orow + c);
-      }
     }
+    accumulate_pv(s, vf, alpha, rows, nk, dvp, o);
     v0 = v1;
   }
   for (int r = 0; r < rows; ++r) {
