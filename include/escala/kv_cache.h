@@ -61,6 +61,10 @@ struct CacheConfig {
   // Keys stored before RoPE: the attention path rotates them at read time by cache position.
   std::vector<float> rope_inv_freq;  // [head_dim / 2]; empty = keys stored after RoPE
   bool rope_neox = false;
+  // false: metadata only (block tables, refcounts, prefix cache), no host pools. For a device pool
+  // driven by the same manager: it replays last_apply() and writes K/V itself; write_kv() is then
+  // an error and bind() leaves the K/V and scale pointers null for the caller to fill.
+  bool host_storage = true;
 };
 
 // StreamingLLM for one sequence: keep the first num_sinks tokens and the most recent window.
@@ -88,6 +92,25 @@ struct AppendPlan {
 
   std::vector<AppendRequest> requests;
   uint64_t generation = 0;  // apply() refuses a plan made before another mutation
+};
+
+// What the last apply() did to block contents, for a pool that lives elsewhere (device memory).
+struct BlockCopy {
+  int32_t src = 0, dst = 0;
+  int32_t tokens = 0;  // filled slots copied (K, V and scales of every layer of the group)
+};
+struct ApplyLog {
+  std::vector<BlockCopy> copies;      // copy-on-write, in order
+  std::vector<int32_t> fresh_blocks;  // newly allocated (fp8 block scales start at 0)
+};
+
+// Admission estimate for a new request (nothing changes): prefix hits and the blocks its whole
+// prompt would still need. Conservative: sliding-window / streaming releases are not counted.
+struct PromptProbe {
+  int64_t hit_tokens = 0;        // what add_sequence() would attach
+  int64_t blocks_needed = 0;     // fresh blocks for the rest of the prompt, all groups
+  int64_t blocks_available = 0;  // available now, less the cached hit blocks it would revive
+  bool fits() const { return blocks_needed <= blocks_available; }
 };
 
 struct CacheStats {
@@ -132,6 +155,7 @@ class KvCache {
   // (at most prompt.size() - 1 tokens, so that one token is always left to compute). Returns the
   // number of prompt tokens now resident; the caller appends the rest.
   Result<int64_t> add_sequence(SeqId id, std::span<const int32_t> prompt = {}, const SeqOptions& options = {});
+  PromptProbe probe_prompt(std::span<const int32_t> prompt) const;
   // A new sequence sharing every block of `parent` (copy on the first write to a shared block).
   Status fork(SeqId parent, SeqId child);
   // Keeps the first num_tokens tokens (rejected speculative tokens).
@@ -144,6 +168,7 @@ class KvCache {
   // Releases what the streaming / window policies allow, allocates, copies shared partial blocks,
   // extends the tables. Fails only if the plan is stale or did not fit (nothing changed then).
   Status apply(const AppendPlan& plan);
+  const ApplyLog& last_apply() const;
   // Writes K and V of tokens [first, first + n) of `seq` (their true positions; slots must have been
   // allocated by apply) for one layer, as f32 rows [n, num_kv_heads, head_dim]. Quantizes, and
   // rotates K when hadamard_keys is set.

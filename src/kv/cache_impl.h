@@ -42,6 +42,7 @@ struct KvCache::Impl {
   KvStorage storage;
   std::unordered_map<SeqId, Sequence> seqs;
   uint64_t generation = 0;
+  ApplyLog log;
   int64_t query_tokens = 0, hit_tokens = 0, cow_copies = 0, stream_releases = 0;
 
   Impl(const CacheConfig& c, int32_t num_blocks, int32_t lpg)
@@ -49,7 +50,8 @@ struct KvCache::Impl {
         bs(c.block_size),
         layers_per_group(lpg),
         pool(num_blocks),
-        storage(lpg, num_blocks, c.block_size, c.num_kv_heads, c.head_dim, c.dtype, c.hadamard_keys) {}
+        storage(c.host_storage ? lpg : 0, num_blocks, c.block_size, c.num_kv_heads, c.head_dim, c.dtype,
+                c.hadamard_keys) {}
 
   int32_t num_groups() const { return int32_t(cfg.groups.size()); }
   static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -64,6 +66,8 @@ struct KvCache::Impl {
   }
   // Table indices [begin, begin + count) that the policy releases before appending at old_len.
   void release_range(const GroupTable& g, int64_t old_len, size_t& begin, size_t& count) const;
+  // Leading full prompt blocks present in every group (at most prompt.size() - 1 tokens).
+  std::vector<std::vector<int32_t>> match_prefix(std::span<const int32_t> prompt) const;
   uint64_t group_key(uint64_t hash, int32_t group) const {
     const int32_t g[1] = {group};
     return block_hash(hash, g);

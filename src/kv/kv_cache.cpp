@@ -67,6 +67,41 @@ void KvCache::Impl::release_range(const GroupTable& g, int64_t old_len, size_t& 
     count = size_t(std::min(first_needed - first_resident, table_window));
 }
 
+std::vector<std::vector<int32_t>> KvCache::Impl::match_prefix(std::span<const int32_t> prompt) const {
+  std::vector<std::vector<int32_t>> hits;
+  if (!cfg.prefix_caching || prompt.empty()) return hits;
+  const int64_t max_blocks = (int64_t(prompt.size()) - 1) / bs;
+  uint64_t parent = kRootHash;
+  for (int64_t i = 0; i < max_blocks; ++i) {
+    auto toks = prompt.subspan(size_t(i * bs), size_t(bs));
+    const uint64_t h = block_hash(parent, toks);
+    std::vector<int32_t> row;
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      auto b = pool.lookup(group_key(h, g), toks);
+      if (!b) return hits;
+      row.push_back(*b);
+    }
+    hits.push_back(std::move(row));
+    parent = h;
+  }
+  return hits;
+}
+
+PromptProbe KvCache::probe_prompt(std::span<const int32_t> prompt) const {
+  const Impl& m = *impl_;
+  PromptProbe p;
+  const auto hits = m.match_prefix(prompt);
+  int64_t revived = 0;
+  for (const auto& row : hits)
+    for (int32_t b : row) revived += m.pool.refcount(b) == 0;
+  p.hit_tokens = int64_t(hits.size()) * m.bs;
+  p.blocks_needed = (Impl::ceil_div(int64_t(prompt.size()), m.bs) - int64_t(hits.size())) * m.num_groups();
+  p.blocks_available = m.pool.available() - revived;
+  return p;
+}
+
+const ApplyLog& KvCache::last_apply() const { return impl_->log; }
+
 KvCache::KvCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 KvCache::~KvCache() = default;
 
@@ -123,25 +158,15 @@ Result<int64_t> KvCache::add_sequence(SeqId id, std::span<const int32_t> prompt,
   // Prefix hits: whole blocks present in every group; at least one prompt token is left to compute.
   if (m.cfg.prefix_caching && !prompt.empty()) {
     m.query_tokens += int64_t(prompt.size());
-    const int64_t max_blocks = (int64_t(prompt.size()) - 1) / m.bs;
+    const auto hits = m.match_prefix(prompt);
     uint64_t parent = kRootHash;
-    std::vector<int32_t> hit(m.cfg.groups.size());
-    for (int64_t i = 0; i < max_blocks; ++i) {
-      auto toks = prompt.subspan(size_t(i * m.bs), size_t(m.bs));
-      const uint64_t h = block_hash(parent, toks);
-      bool all = true;
-      for (int32_t g = 0; g < m.num_groups() && all; ++g) {
-        auto b = m.pool.lookup(m.group_key(h, g), toks);
-        if (b) hit[size_t(g)] = *b;
-        all = b.has_value();
-      }
-      if (!all) break;
+    for (size_t i = 0; i < hits.size(); ++i) {
       for (int32_t g = 0; g < m.num_groups(); ++g) {
-        m.pool.retain(hit[size_t(g)]);
-        s.groups[size_t(g)].blocks.push_back(hit[size_t(g)]);
+        m.pool.retain(hits[i][size_t(g)]);
+        s.groups[size_t(g)].blocks.push_back(hits[i][size_t(g)]);
       }
-      s.hashes.push_back(h);
-      parent = h;
+      parent = block_hash(parent, prompt.subspan(i * size_t(m.bs), size_t(m.bs)));
+      s.hashes.push_back(parent);
     }
     s.length = int64_t(s.hashes.size()) * m.bs;
     s.tokens.assign(prompt.begin(), prompt.begin() + s.length);
@@ -264,6 +289,8 @@ Status KvCache::apply(const AppendPlan& plan) {
   Impl& m = *impl_;
   ESCALA_CHECK_ARG(plan.generation == m.generation, "kv cache: stale append plan (the cache changed since prepare)");
   ESCALA_CHECK_ARG(plan.fits(), "kv cache: out of blocks ({} short); nothing was changed", plan.blocks_short);
+  m.log.copies.clear();
+  m.log.fresh_blocks.clear();
   // Phase 1: releases by the streaming / window policies.
   for (const AppendRequest& r : plan.requests) {
     Sequence& s = m.seqs.at(r.seq);
@@ -296,6 +323,7 @@ Status KvCache::apply(const AppendPlan& plan) {
           auto nb = m.pool.allocate();
           if (!nb) return Status::error("kv cache: internal error: planned block missing (copy on write)");
           m.storage.copy_block(last, *nb, int32_t(old_len % m.bs));
+          m.log.copies.push_back({last, *nb, int32_t(old_len % m.bs)});
           m.pool.release(last);
           last = *nb;
           ++m.cow_copies;
@@ -308,6 +336,7 @@ Status KvCache::apply(const AppendPlan& plan) {
         auto nb = m.pool.allocate();
         if (!nb) return Status::error("kv cache: internal error: planned block missing");
         m.storage.reset_block(*nb);
+        m.log.fresh_blocks.push_back(*nb);
         g.blocks.push_back(*nb);
       }
     }
@@ -340,6 +369,7 @@ Status KvCache::write_kv(SeqId seq, int32_t layer, int64_t first, int64_t n, con
   ESCALA_CHECK_ARG(it != m.seqs.end(), "kv cache: unknown sequence {}", seq);
   ESCALA_CHECK_ARG(layer >= 0 && layer < m.cfg.num_layers, "kv cache: layer {} out of range", layer);
   ESCALA_CHECK_ARG(k && v, "kv cache: write_kv needs k and v");
+  ESCALA_CHECK_ARG(m.storage.allocated(), "kv cache: no host storage (host_storage = false)");
   const Sequence& s = it->second;
   ESCALA_CHECK_ARG(n >= 0 && first >= s.pending_from && first + n <= s.length,
                    "kv cache: sequence {}: tokens [{}, {}) are not the ones appended last ([{}, {}))", seq, first,

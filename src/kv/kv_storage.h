@@ -23,15 +23,17 @@ namespace escala::kv {
 
 class KvStorage {
  public:
-  // `slots`: storage layers (layers per group); every group's layer j uses storage layer j.
+  // `slots`: storage layers (layers per group); every group's layer j uses storage layer j. 0 slots:
+  // no host pools (metadata-only cache); every method is then a no-op.
   KvStorage(int32_t slots, int32_t num_blocks, int32_t block_size, int32_t num_kv_heads, int32_t head_dim,
             DType dtype, bool hadamard_keys);
 
   DType dtype() const { return dtype_; }
   int64_t row_elems() const { return int64_t(h_kv_) * d_; }                // one token slot
   int64_t page_elems() const { return int64_t(block_size_) * row_elems(); }  // one block
-  const uint8_t* k(int32_t j) const { return k_[j].get(); }
-  const uint8_t* v(int32_t j) const { return v_[j].get(); }
+  bool allocated() const { return slots_ > 0; }
+  const uint8_t* k(int32_t j) const { return allocated() ? k_[j].get() : nullptr; }
+  const uint8_t* v(int32_t j) const { return allocated() ? v_[j].get() : nullptr; }
   const float* k_scale(int32_t j) const { return k_scale_.empty() ? nullptr : k_scale_[j].data(); }
   const float* v_scale(int32_t j) const { return v_scale_.empty() ? nullptr : v_scale_[j].data(); }
 

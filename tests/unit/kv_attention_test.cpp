@@ -69,7 +69,10 @@ Built build(const CacheConfig& c, const std::vector<int>& lens, std::mt19937& rn
         for (int t = 0; t < n; ++t)
           for (int h = 0; h < c.num_kv_heads; ++h)
             for (int ch : {3, 17}) k[size_t(t * row + h * c.head_dim + ch % c.head_dim)] *= outlier;
-      for (int32_t l = 0; l < c.num_layers; ++l) EXPECT_TRUE(b.cache->write_kv(SeqId(i), l, have, n, k.data(), v.data()).ok());
+      for (int32_t l = 0; l < c.num_layers; ++l) {
+        Status st = b.cache->write_kv(SeqId(i), l, have, n, k.data(), v.data());
+        EXPECT_TRUE(st.ok()) << st.message();
+      }
       b.k[i].insert(b.k[i].end(), k.begin(), k.end());
       b.v[i].insert(b.v[i].end(), v.begin(), v.end());
       pending = true;

@@ -257,6 +257,72 @@ TEST(KvBlockManager, ForkCopiesOnWriteAndNeverChangesTheOther) {
   check_data(*cache, model);
 }
 
+// A device pool replays what apply() did: copy-on-write copies and fresh blocks.
+TEST(KvBlockManager, ApplyLogAndMetadataOnlyCache) {
+  CacheConfig c = small_config(16);
+  c.host_storage = false;
+  auto cache = make(c);
+  ASSERT_TRUE(cache->add_sequence(1).ok());
+  std::vector<int32_t> six{1, 2, 3, 4, 5, 6}, one{7};
+  AppendRequest r{1, six};
+  auto plan = cache->prepare_append({&r, 1});
+  ASSERT_TRUE(plan.ok() && plan->fits());
+  ASSERT_TRUE(cache->apply(*plan).ok());
+  EXPECT_EQ(cache->last_apply().fresh_blocks, cache->block_table(1));
+  EXPECT_TRUE(cache->last_apply().copies.empty());
+  std::vector<float> row(16, 1.0f);
+  EXPECT_FALSE(cache->write_kv(1, 0, 0, 1, row.data(), row.data()).ok());
+  ASSERT_TRUE(cache->fork(1, 2).ok());
+  AppendRequest r2{2, one};
+  plan = cache->prepare_append({&r2, 1});
+  ASSERT_TRUE(plan.ok() && plan->fits());
+  ASSERT_TRUE(cache->apply(*plan).ok());
+  ASSERT_EQ(cache->last_apply().copies.size(), 1u);
+  EXPECT_EQ(cache->last_apply().copies[0].src, cache->block_table(1)[1]);
+  EXPECT_EQ(cache->last_apply().copies[0].dst, cache->block_table(2)[1]);
+  EXPECT_EQ(cache->last_apply().copies[0].tokens, 2);
+  EXPECT_TRUE(cache->last_apply().fresh_blocks.empty());
+  const SeqId ids[2] = {1, 2};
+  auto batch = cache->batch(ids);
+  ASSERT_TRUE(batch.ok());
+  attn::AttentionParams p;
+  ASSERT_TRUE(cache->bind(*batch, 0, p).ok());
+  EXPECT_EQ(p.k, nullptr);
+  EXPECT_EQ(p.page_indptr[2], 4);
+  EXPECT_EQ(p.cu_seqlens_k[2], 6 + 7);
+  ASSERT_TRUE(cache->check_invariants().ok());
+}
+
+// probe_prompt() predicts add_sequence() + the prompt's append without changing anything.
+TEST(KvBlockManager, ProbePromptPredictsAdmission) {
+  auto cache = make(small_config(8));
+  std::map<SeqId, std::vector<int32_t>> model;
+  const std::vector<int32_t> prompt{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  PromptProbe pr = cache->probe_prompt(prompt);
+  EXPECT_EQ(pr.hit_tokens, 0);
+  EXPECT_EQ(pr.blocks_needed, 3);
+  EXPECT_EQ(pr.blocks_available, 8);
+  ASSERT_TRUE(cache->add_sequence(1).ok());
+  model[1];
+  ASSERT_TRUE(append(*cache, 1, model[1], prompt));
+  ASSERT_TRUE(cache->free_sequence(1).ok());  // two full blocks stay cached
+  model.clear();
+  pr = cache->probe_prompt(prompt);
+  EXPECT_EQ(pr.hit_tokens, 8);
+  EXPECT_EQ(pr.blocks_needed, 1);
+  EXPECT_EQ(pr.blocks_available, 8 - 2);  // the hits leave the cached list when attached
+  const CacheStats before = cache->stats();
+  EXPECT_EQ(before.used_blocks, 0);
+  EXPECT_EQ(before.prefix_query_tokens, 0);  // probing is not a lookup for the hit rate
+  EXPECT_EQ(*cache->add_sequence(2, prompt), pr.hit_tokens);
+  std::vector<int32_t> rest(prompt.begin() + 8, prompt.end());
+  AppendRequest r{2, rest};
+  auto plan = cache->prepare_append({&r, 1});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->blocks_needed, pr.blocks_needed);
+  EXPECT_EQ(plan->blocks_available, pr.blocks_available);
+}
+
 TEST(KvBlockManager, TruncateDropsRejectedTokens) {
   auto cache = make(small_config(16));
   std::map<SeqId, std::vector<int32_t>> model;
