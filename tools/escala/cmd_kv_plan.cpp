@@ -231,18 +231,18 @@ int run(const KvPlanArgs& args) {
 void add_kv_plan_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<KvPlanArgs>();
   CLI::App* cmd = app.add_subcommand("kv-plan", "KV-cache size of a model: every format, MHA/GQA/MQA, what fits");
-  cmd->add_option("--preset", args->preset, "llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b, qwen2-7b, gemma-2-9b, smollm2-135m");
-  cmd->add_option("--layers", args->layers, "number of layers L");
-  cmd->add_option("--heads", args->heads, "query heads h");
-  cmd->add_option("--kv-heads", args->kv_heads, "key/value heads h_kv");
-  cmd->add_option("--head-dim", args->head_dim, "head dimension d_h");
-  cmd->add_option("--sliding-window", args->window, "window of the local layers in tokens (0: none)");
-  cmd->add_option("--context", args->context, "tokens per sequence T (default: the model's context)");
-  cmd->add_option("--batch", args->batch, "sequences B (default 1)");
-  cmd->add_option("--dtype", args->dtype, "cache format: fp32, fp16, bf16, fp8, int8, int4 (default fp16)");
-  cmd->add_option("--block-size", args->block_size, "tokens per cache block (default 16)");
-  cmd->add_option("--device-memory", args->device_memory, "device memory: bytes or with GB/GiB/MB/MiB suffix");
-  cmd->add_option("--weights", args->weights, "memory taken by the weights: bytes or with a suffix");
+  cmd->add_option("--preset", args->preset, "llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b, qwen2-7b, gemma-2-9b, smollm2-135m")->type_name("NAME");
+  cmd->add_option("--layers", args->layers, "number of layers L")->type_name("N");
+  cmd->add_option("--heads", args->heads, "query heads h")->type_name("N");
+  cmd->add_option("--kv-heads", args->kv_heads, "key/value heads h_kv")->type_name("N");
+  cmd->add_option("--head-dim", args->head_dim, "head dimension d_h")->type_name("N");
+  cmd->add_option("--sliding-window", args->window, "window of the local layers in tokens (0: none)")->type_name("N");
+  cmd->add_option("--context", args->context, "tokens per sequence T (default: the model's context)")->type_name("T");
+  cmd->add_option("--batch", args->batch, "sequences B (default 1)")->type_name("B");
+  cmd->add_option("--dtype", args->dtype, "cache format: fp32, fp16, bf16, fp8, int8, int4 (default fp16)")->type_name("DTYPE");
+  cmd->add_option("--block-size", args->block_size, "tokens per cache block (default 16)")->type_name("N");
+  cmd->add_option("--device-memory", args->device_memory, "device memory: bytes or with GB/GiB/MB/MiB suffix")->type_name("SIZE");
+  cmd->add_option("--weights", args->weights, "memory taken by the weights: bytes or with a suffix")->type_name("SIZE");
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args, &exit_code] { exit_code = run(*args); });
 }
