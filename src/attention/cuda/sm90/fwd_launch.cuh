@@ -3,6 +3,9 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
+#include <cstdint>
+
 #include "attention/cuda/sm90/fwd_kernel.cuh"
 #include "attention/cuda/sm90/fwd_sm90.h"
 
@@ -24,8 +27,23 @@ cudaError_t launch_fwd_sm90(FwdParams p, bool bf16, const Sm90Extents& e, cudaSt
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   p.num_m_blocks = (e.max_q_len + Cfg::BM - 1) / Cfg::BM;
-  const dim3 grid(static_cast<unsigned>(p.num_m_blocks), static_cast<unsigned>(p.num_heads),
-                  static_cast<unsigned>(p.batch));
+  // Grid: every item costs the same without a mask, so a persistent grid (one CTA per SM; the
+  // kernel takes all of an SM's registers) overlaps each item's epilogue with the next one's loads.
+  // Under a causal or window mask the items differ in cost and the static round-robin leaves SMs
+  // idle (measured: persistent 3-18% slower on causal shapes, 2-25% faster on dense ones), so
+  // there each CTA takes one item and the hardware scheduler balances them.
+  const int64_t items = static_cast<int64_t>(p.num_m_blocks) * p.batch * p.num_heads;
+  if (items > INT32_MAX) return cudaErrorInvalidValue;
+  int64_t ctas = items;
+  const bool uniform = !p.mask.causal && p.mask.window_left < 0 && p.mask.window_right < 0;
+  if (uniform) {
+    int dev = 0, sms = 0;
+    err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return err;
+    if (sms < ctas) ctas = sms;
+  }
+  const dim3 grid(static_cast<unsigned>(ctas));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv);
   return cudaGetLastError();
 }
