@@ -155,7 +155,7 @@ class KvCache {
   // (at most prompt.size() - 1 tokens, so that one token is always left to compute). Returns the
   // number of prompt tokens now resident; the caller appends the rest.
   Result<int64_t> add_sequence(SeqId id, std::span<const int32_t> prompt = {}, const SeqOptions& options = {});
-  PromptProbe probe_prompt(std::span<const int32_t> prompt) const;
+  PromptProbe probe_prompt(std::span<const int32_t> prompt);
   // A new sequence sharing every block of `parent` (copy on the first write to a shared block).
   Status fork(SeqId parent, SeqId child);
   // Keeps the first num_tokens tokens (rejected speculative tokens).
@@ -173,6 +173,11 @@ class KvCache {
   // allocated by apply) for one layer, as f32 rows [n, num_kv_heads, head_dim]. Quantizes, and
   // rotates K when hadamard_keys is set.
   Status write_kv(SeqId seq, int32_t layer, int64_t first, int64_t n, const float* k, const float* v);
+  // A full block joins the prefix cache only once its K/V are written in every layer (so a request
+  // cancelled between apply and its forward pass never leaves unwritten blocks to be hit). write_kv
+  // records that per layer; a cache whose pool lives elsewhere (host_storage = false) says it here
+  // after its device writes: tokens [0, upto) of `seq` are written in every layer.
+  Status mark_written(SeqId seq, int64_t upto);
 
   int64_t num_tokens(SeqId id) const;  // tokens appended (true length), -1 if unknown
   // Tokens released from the middle of the sequence by the streaming / window policy of a group.

@@ -27,6 +27,8 @@ struct Sequence {
   std::vector<uint64_t> hashes;   // chain hash of each full block (same condition)
   bool streamed = false;          // StreamingLLM released something: later blocks are not cacheable
   int64_t pending_from = 0;       // write_kv may fill tokens [pending_from, length)
+  std::vector<int64_t> written;   // per layer: K/V written for tokens [0, written[l])
+  int64_t registered_blocks = 0;  // full blocks [0, this) offered to the prefix cache
   StreamingPolicy streaming;
   std::vector<GroupTable> groups;
 };
@@ -66,6 +68,9 @@ struct KvCache::Impl {
   }
   // Table indices [begin, begin + count) that the policy releases before appending at old_len.
   void release_range(const GroupTable& g, int64_t old_len, size_t& begin, size_t& count) const;
+  // Offers the prefix cache every full block whose K/V are written in all layers. Runs at the start
+  // of each metadata operation (not in write_kv, which may run concurrently for several layers).
+  void register_written();
   // Leading full prompt blocks present in every group (at most prompt.size() - 1 tokens).
   std::vector<std::vector<int32_t>> match_prefix(std::span<const int32_t> prompt) const;
   uint64_t group_key(uint64_t hash, int32_t group) const {

@@ -87,8 +87,9 @@ std::vector<std::vector<int32_t>> KvCache::Impl::match_prefix(std::span<const in
   return hits;
 }
 
-PromptProbe KvCache::probe_prompt(std::span<const int32_t> prompt) const {
-  const Impl& m = *impl_;
+PromptProbe KvCache::probe_prompt(std::span<const int32_t> prompt) {
+  Impl& m = *impl_;
+  m.register_written();
   PromptProbe p;
   const auto hits = m.match_prefix(prompt);
   int64_t revived = 0;
@@ -143,8 +144,10 @@ Result<int64_t> KvCache::add_sequence(SeqId id, std::span<const int32_t> prompt,
                    "kv cache: streaming window and sinks must be >= 0");
   ESCALA_CHECK_ARG(options.streaming.enabled() || options.streaming.num_sinks == 0,
                    "kv cache: streaming sinks need a window");
+  m.register_written();
   Sequence s;
   s.streaming = options.streaming;
+  s.written.assign(size_t(m.cfg.num_layers), 0);
   for (const LayerGroupSpec& spec : m.cfg.groups) {
     GroupTable g;
     int32_t w = spec.window;
@@ -171,6 +174,8 @@ Result<int64_t> KvCache::add_sequence(SeqId id, std::span<const int32_t> prompt,
     s.length = int64_t(s.hashes.size()) * m.bs;
     s.tokens.assign(prompt.begin(), prompt.begin() + s.length);
     s.pending_from = s.length;
+    s.written.assign(size_t(m.cfg.num_layers), s.length);
+    s.registered_blocks = int64_t(s.hashes.size());
     m.hit_tokens += s.length;
   }
   const int64_t len = s.length;
@@ -181,6 +186,7 @@ Result<int64_t> KvCache::add_sequence(SeqId id, std::span<const int32_t> prompt,
 
 Status KvCache::fork(SeqId parent, SeqId child) {
   Impl& m = *impl_;
+  m.register_written();
   auto it = m.seqs.find(parent);
   ESCALA_CHECK_ARG(it != m.seqs.end(), "kv cache: unknown sequence {}", parent);
   ESCALA_CHECK_ARG(!m.seqs.count(child), "kv cache: sequence {} already exists", child);
@@ -194,6 +200,7 @@ Status KvCache::fork(SeqId parent, SeqId child) {
 
 Status KvCache::truncate(SeqId id, int64_t num_tokens) {
   Impl& m = *impl_;
+  m.register_written();
   auto it = m.seqs.find(id);
   ESCALA_CHECK_ARG(it != m.seqs.end(), "kv cache: unknown sequence {}", id);
   Sequence& s = it->second;
@@ -222,12 +229,15 @@ Status KvCache::truncate(SeqId id, int64_t num_tokens) {
   }
   s.length = num_tokens;
   s.pending_from = std::min(s.pending_from, num_tokens);
+  for (int64_t& w : s.written) w = std::min(w, num_tokens);
+  s.registered_blocks = std::min(s.registered_blocks, num_tokens / m.bs);
   ++m.generation;
   return {};
 }
 
 Status KvCache::free_sequence(SeqId id) {
   Impl& m = *impl_;
+  m.register_written();  // a finished request's last written blocks stay reusable
   auto it = m.seqs.find(id);
   ESCALA_CHECK_ARG(it != m.seqs.end(), "kv cache: unknown sequence {}", id);
   // Tail first: the LRU then recycles a sequence's last blocks before its (more shared) first ones.
@@ -289,6 +299,7 @@ Status KvCache::apply(const AppendPlan& plan) {
   Impl& m = *impl_;
   ESCALA_CHECK_ARG(plan.generation == m.generation, "kv cache: stale append plan (the cache changed since prepare)");
   ESCALA_CHECK_ARG(plan.fits(), "kv cache: out of blocks ({} short); nothing was changed", plan.blocks_short);
+  m.register_written();
   m.log.copies.clear();
   m.log.fresh_blocks.clear();
   // Phase 1: releases by the streaming / window policies.
@@ -345,16 +356,11 @@ Status KvCache::apply(const AppendPlan& plan) {
     if (!s.streamed) {
       s.tokens.insert(s.tokens.end(), r.tokens.begin(), r.tokens.end());
       if (m.cfg.prefix_caching) {
-        // Newly full blocks join the prefix cache (their data is written by write_kv this step).
+        // Hash newly full blocks; they join the prefix cache once written (register_written).
         while (int64_t(s.hashes.size()) < s.length / m.bs) {
           const size_t i = s.hashes.size();
           auto toks = std::span<const int32_t>(s.tokens).subspan(i * size_t(m.bs), size_t(m.bs));
-          const uint64_t h = block_hash(i == 0 ? kRootHash : s.hashes[i - 1], toks);
-          s.hashes.push_back(h);
-          for (int32_t gi = 0; gi < m.num_groups(); ++gi) {
-            const GroupTable& g = s.groups[size_t(gi)];
-            if (m.resident(g, int64_t(i) * m.bs)) m.pool.register_block(m.block_of(g, int64_t(i) * m.bs), m.group_key(h, gi), toks);
-          }
+          s.hashes.push_back(block_hash(i == 0 ? kRootHash : s.hashes[i - 1], toks));
         }
       }
     }
@@ -381,7 +387,37 @@ Status KvCache::write_kv(SeqId seq, int32_t layer, int64_t first, int64_t n, con
     if (!m.resident(g, t)) continue;  // a sliding-window group may have released it already
     m.storage.write(j, m.block_of(g, t), int32_t(t % m.bs), k + (t - first) * row, v + (t - first) * row);
   }
+  // Only this layer's entry: concurrent writes of other layers touch other entries.
+  int64_t& w = it->second.written[size_t(layer)];
+  if (first <= w) w = std::max(w, first + n);
   return {};
+}
+
+Status KvCache::mark_written(SeqId seq, int64_t upto) {
+  Impl& m = *impl_;
+  auto it = m.seqs.find(seq);
+  ESCALA_CHECK_ARG(it != m.seqs.end(), "kv cache: unknown sequence {}", seq);
+  Sequence& s = it->second;
+  ESCALA_CHECK_ARG(upto >= 0 && upto <= s.length, "kv cache: sequence {} has {} tokens, not {}", seq, s.length, upto);
+  for (int64_t& w : s.written) w = std::max(w, upto);
+  return {};
+}
+
+void KvCache::Impl::register_written() {
+  if (!cfg.prefix_caching) return;
+  for (auto& [id, s] : seqs) {
+    if (s.streamed || s.registered_blocks >= int64_t(s.hashes.size())) continue;
+    const int64_t done = *std::min_element(s.written.begin(), s.written.end());
+    const int64_t full = std::min<int64_t>(done / bs, int64_t(s.hashes.size()));
+    for (int64_t i = s.registered_blocks; i < full; ++i) {
+      auto toks = std::span<const int32_t>(s.tokens).subspan(size_t(i * bs), size_t(bs));
+      for (int32_t gi = 0; gi < num_groups(); ++gi) {
+        const GroupTable& g = s.groups[size_t(gi)];
+        if (resident(g, i * bs)) pool.register_block(block_of(g, i * bs), group_key(s.hashes[size_t(i)], gi), toks);
+      }
+    }
+    s.registered_blocks = std::max(s.registered_blocks, full);
+  }
 }
 
 int64_t KvCache::num_tokens(SeqId id) const {

@@ -388,6 +388,45 @@ TEST(KvBlockManager, PrefixCacheHitsAndEvictsLeastRecentlyUsed) {
   EXPECT_LT(*cache->add_sequence(6, prompt), 8);
 }
 
+// A request cancelled after apply() but before its K/V were written leaves nothing to hit; a block
+// joins the prefix cache only once every layer has written it (or mark_written() says so).
+TEST(KvBlockManager, OnlyWrittenBlocksServePrefixHits) {
+  auto cache = make(small_config(16));
+  const std::vector<int32_t> prompt{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  ASSERT_TRUE(cache->add_sequence(1).ok());
+  AppendRequest r{1, prompt};
+  auto plan = cache->prepare_append({&r, 1});
+  ASSERT_TRUE(plan.ok() && plan->fits());
+  ASSERT_TRUE(cache->apply(*plan).ok());
+  EXPECT_EQ(cache->probe_prompt(prompt).hit_tokens, 0);
+  ASSERT_TRUE(cache->free_sequence(1).ok());  // cancelled before the forward pass
+  EXPECT_EQ(cache->stats().cached_blocks, 0);
+  EXPECT_EQ(*cache->add_sequence(2, prompt), 0);
+  // Layer 0 written, layer 1 not yet: still no hit.
+  AppendRequest r2{2, prompt};
+  plan = cache->prepare_append({&r2, 1});
+  ASSERT_TRUE(plan.ok() && plan->fits());
+  ASSERT_TRUE(cache->apply(*plan).ok());
+  std::vector<float> kv(10 * 16, 0.25f);
+  ASSERT_TRUE(cache->write_kv(2, 0, 0, 10, kv.data(), kv.data()).ok());
+  EXPECT_EQ(cache->probe_prompt(prompt).hit_tokens, 0);
+  ASSERT_TRUE(cache->write_kv(2, 1, 0, 10, kv.data(), kv.data()).ok());
+  EXPECT_EQ(cache->probe_prompt(prompt).hit_tokens, 8);
+  EXPECT_EQ(*cache->add_sequence(3, prompt), 8);
+  // A metadata-only cache learns it from mark_written().
+  CacheConfig c = small_config(16);
+  c.host_storage = false;
+  auto meta = make(c);
+  ASSERT_TRUE(meta->add_sequence(1).ok());
+  plan = meta->prepare_append({&r, 1});
+  ASSERT_TRUE(meta->apply(*plan).ok());
+  EXPECT_EQ(meta->probe_prompt(prompt).hit_tokens, 0);
+  ASSERT_TRUE(meta->mark_written(1, 10).ok());
+  EXPECT_FALSE(meta->mark_written(1, 11).ok());
+  EXPECT_EQ(meta->probe_prompt(prompt).hit_tokens, 8);
+  ASSERT_TRUE(meta->check_invariants().ok());
+}
+
 TEST(KvBlockManager, BytesInUseMatchTheFormula) {
   auto cache = make(small_config(64));
   std::map<SeqId, std::vector<int32_t>> model;
