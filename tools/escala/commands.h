@@ -8,4 +8,6 @@ namespace escala::cli {
 void add_attention_command(CLI::App& app, int& exit_code);
 void add_kv_plan_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
+void add_generate_command(CLI::App& app, int& exit_code);
+void add_tokenize_command(CLI::App& app, int& exit_code);
 }  // namespace escala::cli

@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
   escala::cli::add_attention_command(app, exit_code);
   escala::cli::add_kv_plan_command(app, exit_code);
   escala::cli::add_bench_command(app, exit_code);
+  escala::cli::add_generate_command(app, exit_code);
+  escala::cli::add_tokenize_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

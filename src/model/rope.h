@@ -1,0 +1,30 @@
+// Rotary position embeddings: the inverse-frequency table (with the scaling schemes GGUF metadata
+// names: linear, NTK-aware, YaRN, and Llama 3's per-frequency factors) and the rotation itself.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "escala/gguf.h"
+#include "escala/status.h"
+
+namespace escala::model {
+
+struct RopeConfig {
+  int32_t dims = 0;  // rotated dimensions (<= head_dim), even
+  bool neox = false;
+  std::vector<float> inv_freq;  // [dims / 2], scaling folded in
+  float attn_factor = 1.0f;     // YaRN's magnitude correction, applied to cos/sin
+};
+
+// Reads rope.freq_base, rope.scaling.* and the rope_freqs tensor (Llama 3) of `arch`.
+Result<RopeConfig> read_rope_config(const GgufFile& file, const ArchParams& arch, bool neox);
+
+// Rotates `rows` rows of `heads` heads of width `head_dim` (row stride heads * head_dim) at the
+// given positions.
+void apply_rope(const RopeConfig& rope, float* x, int64_t rows, int32_t heads, int32_t head_dim,
+                std::span<const int64_t> positions);
+
+}  // namespace escala::model
