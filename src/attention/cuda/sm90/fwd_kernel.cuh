@@ -7,7 +7,7 @@
 // (both operands in shared memory, 128-byte swizzle), online softmax on the accumulators in
 // registers, O += P V with wgmma (P from registers, V N-major in shared memory), then release the
 // stage; the softmax of tile i overlaps P V of tile i-1, and the epilogue of one item overlaps the
-// loads of the next. Not yet: explicit ping-pong between the consumers (named barriers).
+// loads of the next, and the two consumers take turns issuing GEMMs (ping-pong, named barriers).
 #pragma once
 
 #include <cuda.h>
@@ -180,6 +180,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma_commit();
   };
 
+  // Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barriers 1 and
+  // 2), so one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores. Both walk
+  // the same items, so both have the same number of issue points; warpgroup 0 goes first without
+  // waiting and absorbs warpgroup 1's last hand-over after the loop.
+  bool first_turn = true;
+  auto take_turn = [&] {
+    if (cw == 0 && first_turn) {
+      first_turn = false;
+      return;
+    }
+    first_turn = false;
+    if (cw == 0) named_bar_sync<1, 256>();
+    else named_bar_sync<2, 256>();
+  };
+  auto pass_turn = [&] {
+    if (cw == 0) named_bar_arrive<2, 256>();
+    else named_bar_arrive<1, 256>();
+  };
+
   int kv_iter = 0, q_iter = 0;
   for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
     Item it;
@@ -202,8 +221,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Tile 0: Q Kᵀ alone.
       const int s0 = kv_iter % S;
       mbar_wait(full_k(s0), (kv_iter / S) & 1);
+      take_turn();
       wgmma_fence();
       issue_qk(s0);
+      pass_turn();
       wgmma_wait<0>();
       reg_fence(sacc);
       mbar_arrive(empty_k(s0));
@@ -217,9 +238,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         mbar_wait(full_k(s), (cur / S) & 1);
         mbar_wait(full_v(sp), (prev / S) & 1);
         reg_fence(o_acc);
+        take_turn();
         wgmma_fence();
         issue_qk(s);
         issue_pv(sp);
+        pass_turn();
         wgmma_wait<1>();  // Q Kᵀ of tile i has landed
         reg_fence(sacc);
         mbar_arrive(empty_k(s));
@@ -235,8 +258,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int last = kv_iter + n_tiles - 1, sl = last % S;
       mbar_wait(full_v(sl), (last / S) & 1);
       reg_fence(o_acc);
+      take_turn();
       wgmma_fence();
       issue_pv(sl);
+      pass_turn();
       wgmma_wait<0>();
       reg_fence(o_acc);
       reg_fence_u32(pf);
@@ -246,6 +271,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     store_output<T>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + row_in_tile, it.h, t4);
   }
+  if (cw == 0 && !first_turn) named_bar_sync<1, 256>();  // warpgroup 1's last hand-over
 #endif
 }
 

@@ -66,6 +66,16 @@ __device__ __forceinline__ void reg_fence_u32(uint32_t (&r)[R][C]) {
     for (int j = 0; j < C; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
+// Named barriers (id 0 is __syncthreads): the consumer warpgroups' ping-pong turn.
+template <int Id, int Threads>
+__device__ __forceinline__ void named_bar_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(Id), "n"(Threads) : "memory");
+}
+template <int Id, int Threads>
+__device__ __forceinline__ void named_bar_arrive() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(Id), "n"(Threads) : "memory");
+}
+
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
