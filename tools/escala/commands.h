@@ -9,5 +9,6 @@ void add_attention_command(CLI::App& app, int& exit_code);
 void add_kv_plan_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
 void add_generate_command(CLI::App& app, int& exit_code);
+void add_chat_command(CLI::App& app, int& exit_code);
 void add_tokenize_command(CLI::App& app, int& exit_code);
 }  // namespace escala::cli

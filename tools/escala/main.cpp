@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   escala::cli::add_kv_plan_command(app, exit_code);
   escala::cli::add_bench_command(app, exit_code);
   escala::cli::add_generate_command(app, exit_code);
+  escala::cli::add_chat_command(app, exit_code);
   escala::cli::add_tokenize_command(app, exit_code);
   try {
     app.parse(argc, argv);
