@@ -351,8 +351,12 @@ void quantize_acts(const float* x, int64_t m, int64_t k, int64_t block, Quantize
       float d = amax / 127.0f;
       float id = d > 0 ? 1.0f / d : 0.0f;
       a.d[static_cast<size_t>(r * (k / block) + b)] = d;
-      for (int64_t j = 0; j < block; ++j)
-        q[b * block + j] = static_cast<int16_t>(std::lrintf(xr[b * block + j] * id));
+      // Round half away from zero: vectorizes, unlike lrintf (any round-to-nearest meets the
+      // error bound).
+      for (int64_t j = 0; j < block; ++j) {
+        float v = xr[b * block + j] * id;
+        q[b * block + j] = static_cast<int16_t>(v + (v >= 0 ? 0.5f : -0.5f));
+      }
     }
     for (int64_t b = 0; b < k / 32; ++b) {
       int32_t sum = 0;

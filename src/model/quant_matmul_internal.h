@@ -71,6 +71,7 @@ bool vnni_active();
 // Tests turn the path off to compare it with the portable Highway kernels.
 void set_vnni_enabled(bool enabled);
 bool vnni_handles(TensorType t);
+// Only when vnni_active(): these use AVX-512 themselves.
 void quantize_acts_vnni(const float* x, int64_t m, int64_t k, VnniActs& a);
 // Rows [row_begin, row_end) of y (m x w.rows) for w of type q4_0, q4_1 or q8_0.
 void vnni_rows(const WeightView& w, const VnniActs& a, float* y, int64_t row_begin,

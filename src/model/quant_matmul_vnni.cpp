@@ -44,62 +44,6 @@ bool vnni_handles(TensorType t) {
          t == TensorType::kQ4_K || t == TensorType::kQ6_K;
 }
 
-void quantize_acts_vnni_k(const float* x, int64_t m, int64_t k, VnniActsK& a) {
-  a.m = m;
-  a.nsb = k / 256;
-  a.q.resize(static_cast<size_t>(m * k));
-  a.d.resize(static_cast<size_t>(m * a.nsb));
-  a.bsum.resize(static_cast<size_t>(m * a.nsb * 16));
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t b = 0; b < a.nsb; ++b) {
-      const float* xb = x + r * k + 256 * b;
-      int8_t* q = a.q.data() + r * k + 256 * b;
-      float amax = 0;
-      for (int j = 0; j < 256; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
-      float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
-      int32_t* bs = a.bsum.data() + (r * a.nsb + b) * 16;
-      for (int g = 0; g < 16; ++g) {
-        int sum = 0;
-        for (int j = 16 * g; j < 16 * g + 16; ++j) {
-          int v = static_cast<int>(std::lrintf(xb[j] * id));
-          q[j] = static_cast<int8_t>(v);
-          sum += v;
-        }
-        bs[g] = sum;
-      }
-      a.d[static_cast<size_t>(r * a.nsb + b)] = d;
-    }
-  }
-}
-
-void quantize_acts_vnni(const float* x, int64_t m, int64_t k, VnniActs& a) {
-  a.m = m;
-  a.nb = k / 32;
-  a.nb_pad = (a.nb + 15) / 16 * 16;
-  a.q.assign(static_cast<size_t>(m * a.nb_pad * 32), 0);
-  a.d.assign(static_cast<size_t>(m * a.nb_pad), 0.0f);
-  a.s.assign(static_cast<size_t>(m * a.nb_pad), 0.0f);
-  for (int64_t r = 0; r < m; ++r) {
-    int8_t* q = a.q.data() + r * a.nb_pad * 32;
-    for (int64_t b = 0; b < a.nb; ++b) {
-      const float* xb = x + r * k + 32 * b;
-      float amax = 0;
-      for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
-      float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
-      int sum = 0;
-      // Pair p = b / 2, half h = b % 2: elements 0-15 at 64p + 16h, 16-31 at 64p + 32 + 16h.
-      int8_t* base = q + 64 * (b / 2) + 16 * (b % 2);
-      for (int j = 0; j < 32; ++j) {
-        int v = static_cast<int>(std::lrintf(xb[j] * id));
-        sum += v;
-        base[j < 16 ? j : 32 + (j - 16)] = static_cast<int8_t>(v);
-      }
-      a.d[static_cast<size_t>(r * a.nb_pad + b)] = d;
-      a.s[static_cast<size_t>(r * a.nb_pad + b)] = d * static_cast<float>(sum);
-    }
-  }
-}
-
 #if defined(__x86_64__)
 
 namespace {
@@ -327,6 +271,51 @@ void rows_k_impl(const WeightView& w, const VnniActsK& a, float* y, int64_t row_
   }
 }
 
+// Activation quantization, vectorized: it runs once per product, and for SmolLM2's small
+// matrices a scalar loop (lrintf per element) cost as much as the product itself.
+ESCALA_VNNI_TARGET inline float absmax(__m512 a) { return _mm512_reduce_max_ps(_mm512_abs_ps(a)); }
+
+ESCALA_VNNI_TARGET void quantize_acts_impl(const float* x, int64_t m, int64_t k, VnniActs& a) {
+  for (int64_t r = 0; r < m; ++r) {
+    int8_t* q = a.q.data() + r * a.nb_pad * 32;
+    for (int64_t b = 0; b < a.nb; ++b) {
+      const __m512 x0 = _mm512_loadu_ps(x + r * k + 32 * b);
+      const __m512 x1 = _mm512_loadu_ps(x + r * k + 32 * b + 16);
+      const float amax = std::fmax(absmax(x0), absmax(x1));
+      const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+      // Round to nearest even (the MXCSR default), as lrintf would.
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
+      // Pair p = b / 2, half h = b % 2: elements 0-15 at 64p + 16h, 16-31 at 64p + 32 + 16h.
+      int8_t* base = q + 64 * (b / 2) + 16 * (b % 2);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(base), _mm512_cvtepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(base + 32), _mm512_cvtepi32_epi8(q1));
+      const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      a.d[static_cast<size_t>(r * a.nb_pad + b)] = d;
+      a.s[static_cast<size_t>(r * a.nb_pad + b)] = d * static_cast<float>(sum);
+    }
+  }
+}
+
+ESCALA_VNNI_TARGET void quantize_acts_k_impl(const float* x, int64_t m, int64_t k, VnniActsK& a) {
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t b = 0; b < a.nsb; ++b) {
+      const float* xb = x + r * k + 256 * b;
+      int8_t* q = a.q.data() + r * k + 256 * b;
+      __m512 mx = _mm512_setzero_ps();
+      for (int g = 0; g < 16; ++g) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * g)));
+      const float d = _mm512_reduce_max_ps(mx) / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+      int32_t* bs = a.bsum.data() + (r * a.nsb + b) * 16;
+      for (int g = 0; g < 16; ++g) {
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * g), _mm512_set1_ps(id)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * g), _mm512_cvtepi32_epi8(v));
+        bs[g] = _mm512_reduce_add_epi32(v);
+      }
+      a.d[static_cast<size_t>(r * a.nsb + b)] = d;
+    }
+  }
+}
+
 bool cpu_has_vnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -351,6 +340,26 @@ void vnni_rows(const WeightView& w, const VnniActs& a, float* y, int64_t row_beg
   }
 }
 
+void quantize_acts_vnni(const float* x, int64_t m, int64_t k, VnniActs& a) {
+  a.m = m;
+  a.nb = k / 32;
+  a.nb_pad = (a.nb + 15) / 16 * 16;
+  // Only the padding must be zero; the rest is overwritten.
+  a.q.assign(static_cast<size_t>(m * a.nb_pad * 32), 0);
+  a.d.assign(static_cast<size_t>(m * a.nb_pad), 0.0f);
+  a.s.assign(static_cast<size_t>(m * a.nb_pad), 0.0f);
+  quantize_acts_impl(x, m, k, a);
+}
+
+void quantize_acts_vnni_k(const float* x, int64_t m, int64_t k, VnniActsK& a) {
+  a.m = m;
+  a.nsb = k / 256;
+  a.q.resize(static_cast<size_t>(m * k));
+  a.d.resize(static_cast<size_t>(m * a.nsb));
+  a.bsum.resize(static_cast<size_t>(m * a.nsb * 16));
+  quantize_acts_k_impl(x, m, k, a);
+}
+
 void vnni_rows_k(const WeightView& w, const VnniActsK& a, float* y, int64_t row_begin,
                  int64_t row_end) {
   if (w.type == TensorType::kQ6_K) return rows_k_impl<true>(w, a, y, row_begin, row_end);
@@ -360,6 +369,8 @@ void vnni_rows_k(const WeightView& w, const VnniActsK& a, float* y, int64_t row_
 #else  // not x86-64: the portable kernels serve every type
 
 bool vnni_active() { return false; }
+void quantize_acts_vnni(const float*, int64_t, int64_t, VnniActs&) {}
+void quantize_acts_vnni_k(const float*, int64_t, int64_t, VnniActsK&) {}
 void vnni_rows(const WeightView&, const VnniActs&, float*, int64_t, int64_t) {}
 void vnni_rows_k(const WeightView&, const VnniActsK&, float*, int64_t, int64_t) {}
 
