@@ -73,6 +73,7 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
   auto stream = static_cast<cudaStream_t>(stream_ptr);
 
   // Pick the kernel: the sm_90a one needs a Hopper device.
+  const bool auto_arch = arch == KernelArch::kAuto;
   if (arch == KernelArch::kAuto) {
     int dev = 0, major = 0, minor = 0;
     cudaError_t e = cudaGetDevice(&dev);
@@ -127,7 +128,10 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
       case 128: e = cuda::run_fwd_sm90_hd128(k, bf16, ext, stream); break;
       default: e = cuda::run_fwd_sm90_hd256(k, bf16, ext, stream); break;
     }
-  } else {
+    // No sm_90a code in this build, or no TMA encoder in the driver: the portable kernel.
+    if (e == cudaErrorNotSupported && auto_arch) arch = KernelArch::kSm80;
+  }
+  if (arch == KernelArch::kSm80) {
     switch (p.head_dim) {
       case 64: e = cuda::run_fwd_sm80_hd64(k, bf16, max_q_len, stream); break;
       case 128: e = cuda::run_fwd_sm80_hd128(k, bf16, max_q_len, stream); break;

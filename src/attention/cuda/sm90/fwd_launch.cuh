@@ -13,8 +13,15 @@ namespace escala::attn::cuda {
 
 template <class Cfg>
 cudaError_t launch_fwd_sm90(FwdParams p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
+  auto kernel = fwd_sm90_kernel<Cfg>;
+  // A build without sm_90a code (e.g. CMAKE_CUDA_ARCHITECTURES=80) has an empty body here: refuse,
+  // so that the dispatcher falls back to the sm_80 kernel.
+  cudaFuncAttributes attr{};
+  cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) return err;
+  if (attr.binaryVersion < 90) return cudaErrorNotSupported;
   CUtensorMap tq, tk, tv;
-  cudaError_t err =
+  err =
       make_tensor_map(&tq, p.q, bf16, Cfg::D, p.num_heads, e.total_q, p.q_head_stride, p.q_row_stride, Cfg::BM);
   if (err == cudaSuccess)
     err = make_tensor_map(&tk, p.k, bf16, Cfg::D, e.num_kv_heads, e.total_kv, p.k_head_stride, p.k_row_stride,
@@ -23,7 +30,6 @@ cudaError_t launch_fwd_sm90(FwdParams p, bool bf16, const Sm90Extents& e, cudaSt
     err = make_tensor_map(&tv, p.v, bf16, Cfg::D, e.num_kv_heads, e.total_kv, p.v_head_stride, p.v_row_stride,
                           Cfg::BN);
   if (err != cudaSuccess) return err;
-  auto kernel = fwd_sm90_kernel<Cfg>;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   p.num_m_blocks = (e.max_q_len + Cfg::BM - 1) / Cfg::BM;
