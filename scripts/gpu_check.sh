@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # One command on a CUDA (Hopper) machine: build the CUDA library and GPU tests, run the tests,
 # compute-sanitizer memcheck + racecheck on small shapes, then the prefill benchmark table.
-# Logs go to $OUT (default ./gpu_check_out).
-#   ESCALA_GPU_BIN=path   use an already built escala_gpu_tests instead of building
+# Logs go to $OUT (default build-gpu/gpu_check, ignored by git).
+#   ESCALA_GPU_BIN=path   use an already built escala_gpu_tests instead of building (e.g. on a GPU
+#                         machine without the CPU library's dependencies: build it elsewhere; it
+#                         needs only libcudart.so.13 at run time)
 #   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   leave steps out
 #   BENCH_ARGS="--reps 30 --filter d128"           passed to bench/attention_prefill_bench.py
 #   GTEST_ARGS="--gtest_filter=..."                passed to the test run
 #   TEST_TIMEOUT / SANITIZER_TIMEOUT / BENCH_TIMEOUT  seconds per step (a hung kernel fails its step)
 set -u -o pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-OUT="${OUT:-$ROOT/gpu_check_out}"
+OUT="${OUT:-$ROOT/build-gpu/gpu_check}"
 mkdir -p "$OUT"
 status=0
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }

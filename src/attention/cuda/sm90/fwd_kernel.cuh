@@ -55,7 +55,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sQ = base;
   const uint32_t sK = sQ + Cfg::kQBytes;                 // stage s at sK + s * kTileBytes
   const uint32_t sV = sK + S * Cfg::kTileBytes;
-  const uint32_t bars = base + Cfg::kBarOffset;  // q_full, q_empty, full_k[S], empty_k[S], full_v[S], empty_v[S]
+  // Barriers: q_full, q_empty, full_k[S], empty_k[S], full_v[S], empty_v[S].
+  const uint32_t bars = base + Cfg::kBarOffset;
   const uint32_t q_full = bars, q_empty = bars + 8u;
   auto full_k = [&](int s) { return bars + 8u * (2 + s); };
   auto empty_k = [&](int s) { return bars + 8u * (2 + S + s); };
@@ -76,10 +77,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
 
-  // Persistent tile scheduler: work item w = (sequence, head, query tile from the last), so within
-  // each head the longest causal tiles come first; CTA c takes items c, c + grid, ... Producer and consumers walk
-  // the same list and skip the same empty items, so the ring's stage/phase counters (`kv_iter`,
-  // and `q_iter` for the Q buffer) agree between them.
+  // Tile scheduler: work item w = (sequence, head, query tile from the last), so within each head
+  // the longest causal tiles come first; CTA c takes items c, c + grid, ... (one item per CTA when
+  // the launcher sizes the grid to the item count). Producer and consumers walk the same list and
+  // skip the same empty items, so the ring's stage/phase counters (`kv_iter`, and `q_iter` for the
+  // Q buffer) agree between them.
   const int num_items = p.num_m_blocks * p.batch * p.num_heads;
   struct Item {
     int h, q0, q_len, m0, kv0, kv_len;
@@ -120,7 +122,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         mbar_wait(q_empty, (q_iter & 1) ^ 1);
         mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
 #pragma unroll
-        for (int c = 0; c < Cfg::kChunks; ++c) tma_load_3d(sQ + c * BM * 128, &tm_q, c * 64, it.h, it.q0 + it.m0, q_full);
+        for (int c = 0; c < Cfg::kChunks; ++c)
+          tma_load_3d(sQ + c * BM * 128, &tm_q, c * 64, it.h, it.q0 + it.m0, q_full);
         ++q_iter;
         for (int i = 0; i < it.n_tiles; ++i, ++kv_iter) {
           const int s = kv_iter % S;
