@@ -3,6 +3,7 @@
 // checks refcounts, leaks and the actual K/V bytes of every sequence after every operation.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
@@ -341,6 +342,12 @@ TEST(KvBlockManager, TruncateDropsRejectedTokens) {
   // Writing tokens that were not just appended (an older, possibly shared, block) is refused.
   std::vector<float> row(16, 0.0f);
   EXPECT_FALSE(cache->write_kv(1, 0, 0, 1, row.data(), row.data()).ok());
+  // So are non-finite values; nothing is written.
+  row[3] = std::nanf("");
+  EXPECT_FALSE(cache->write_kv(1, 0, 7, 1, row.data(), row.data()).ok());
+  row[3] = INFINITY;
+  EXPECT_FALSE(cache->write_kv(1, 1, 7, 1, row.data(), row.data()).ok());
+  check_data(*cache, model);
 }
 
 TEST(KvBlockManager, PrefixCacheHitsAndEvictsLeastRecentlyUsed) {
