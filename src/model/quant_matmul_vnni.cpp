@@ -164,23 +164,25 @@ ESCALA_VNNI_TARGET void dot_q4_k(const uint8_t* row, const VnniActsK& a, int64_t
     std::memcpy(&dh, blk + offsetof(BlockQ4_K, d), 2);
     std::memcpy(&mh, blk + offsetof(BlockQ4_K, dmin), 2);
     const float d = _cvtsh_ss(dh), dmin = _cvtsh_ss(mh);
-    alignas(32) float sc[8];
-    int mn[8];
-    for (int j = 0; j < 8; ++j) {
-      int s, m;
-      k_scale_min(blk + offsetof(BlockQ4_K, scales), j, s, m);
-      sc[j] = static_cast<float>(s);
-      mn[j] = m;
-    }
-    const __m512 sc8 = _mm512_castps256_ps512(_mm256_load_ps(sc));
+    // The eight 6-bit scales and mins, unpacked four at a time in 32-bit words (the packing of
+    // quant_blocks.h's k_scale_min).
+    uint32_t u[3];
+    std::memcpy(u, blk + offsetof(BlockQ4_K, scales), 12);
+    const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, mn_lo = u[1] & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    const uint32_t mn_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    const __m128i sc_b = _mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo));
+    const __m128i mn_b = _mm_set_epi32(0, 0, static_cast<int>(mn_hi), static_cast<int>(mn_lo));
+    const __m512 sc8 = _mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc_b)));
+    // Each min covers two 16-element activation sums: [m0, m0, m1, m1, ...].
+    const __m512i mn16 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(mn_b, mn_b));
     __m512 scale[R];
     for (int r = 0; r < R; ++r) {
       const int64_t at = (t0 + r) * a.nsb + b;
       const float da = a.d[static_cast<size_t>(at)];
       scale[r] = _mm512_mul_ps(sc8, _mm512_set1_ps(d * da));
-      const int32_t* bs = a.bsum.data() + at * 16;
-      int msum = 0;
-      for (int j = 0; j < 8; ++j) msum += mn[j] * (bs[2 * j] + bs[2 * j + 1]);
+      const __m512i bs = _mm512_loadu_si512(a.bsum.data() + at * 16);
+      const int msum = _mm512_reduce_add_epi32(_mm512_mullo_epi32(mn16, bs));
       mins[r] += dmin * da * static_cast<float>(msum);
     }
     const uint8_t* qs = blk + offsetof(BlockQ4_K, qs);
