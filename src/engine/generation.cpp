@@ -1,5 +1,7 @@
 #include "engine/generation.h"
 
+#include "engine/stop_strings.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,18 +14,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Length of the longest suffix of `text` that is a proper prefix of some stop string: that much
-// text must be held back, since the next token could complete a stop string.
-size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
-  size_t hold = 0;
-  for (const auto& s : stops)
-    for (size_t k = std::min(s.size() - 1, text.size()); k > hold; --k)
-      if (text.substr(text.size() - k) == std::string_view(s).substr(0, k)) {
-        hold = k;
-        break;
-      }
-  return hold;
-}
 }  // namespace
 
 Result<GenerationResult> generate(model::Model& model, const model::Tokenizer& tokenizer, kv::SeqId seq,
@@ -41,10 +31,11 @@ Result<GenerationResult> generate(model::Model& model, const model::Tokenizer& t
   const auto t0 = std::chrono::steady_clock::now();
   ESCALA_RETURN_IF_ERROR(model.append(seq, req.prompt, logits));
   out.prompt_seconds = seconds_since(t0);
+  out.first_logits = logits;
 
   const auto t1 = std::chrono::steady_clock::now();
   model::StreamDecoder decoder(tokenizer);
-  std::string pending;  // decoded text not yet emitted (may be the start of a stop string)
+  StopMatcher stops(req.stop);  // holds back text that may be the start of a stop string
   out.finish_reason = "length";
   for (int32_t i = 0; i < req.max_tokens; ++i) {
     const int32_t tok = sampler.sample(logits);
@@ -56,21 +47,10 @@ Result<GenerationResult> generate(model::Model& model, const model::Tokenizer& t
     out.tokens.push_back(tok);
     auto piece = decoder.push(tok);
     if (!piece.ok()) return piece.status();
-    pending += *piece;
-    bool stopped = false;
-    for (const auto& s : req.stop) {
-      const size_t at = pending.find(s);
-      if (at != std::string::npos) {
-        pending.resize(at);
-        stopped = true;
-      }
-    }
-    const size_t hold = stopped ? 0 : held_back(pending, req.stop);
-    const std::string_view ready = std::string_view(pending).substr(0, pending.size() - hold);
+    const std::string ready = stops.push(*piece);
     if (on_text && !ready.empty()) on_text(ready);
     out.text += ready;
-    pending.erase(0, ready.size());
-    if (stopped) {
+    if (stops.stopped()) {
       out.finish_reason = "stop";
       break;
     }
@@ -78,9 +58,9 @@ Result<GenerationResult> generate(model::Model& model, const model::Tokenizer& t
     ESCALA_RETURN_IF_ERROR(model.append(seq, std::span(&tok, 1), logits));
   }
   if (out.finish_reason == "length") {
-    pending += decoder.flush();
-    if (on_text && !pending.empty()) on_text(pending);
-    out.text += pending;
+    const std::string rest = stops.push(decoder.flush()) + stops.flush();
+    if (on_text && !rest.empty()) on_text(rest);
+    out.text += rest;
   }
   out.generation_seconds = seconds_since(t1);
   return out;

@@ -26,6 +26,7 @@ struct GenerationResult {
   std::vector<int32_t> tokens;
   std::string finish_reason;  // "stop" (EOG token or stop string) or "length"
   int64_t prompt_tokens = 0;
+  std::vector<float> first_logits;  // logits at the first generated position (for comparisons)
   double prompt_seconds = 0, generation_seconds = 0;
 };
 
