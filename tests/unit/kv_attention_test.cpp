@@ -343,6 +343,63 @@ TEST(KvAttention, Fp8AppendPolicyErrorBound) {
   }
 }
 
+// Copy-on-write of quantized blocks carries their scales; a re-encode in the copy (fp8: the child's
+// new token raises the block max) never touches the parent's block.
+TEST(KvAttention, CopyOnWriteOfQuantizedBlocks) {
+  for (DType t : {DType::kI8, DType::kFp8E4M3, DType::kBF16}) {
+    std::mt19937 rng(12);
+    std::normal_distribution<float> nd;
+    auto cache = std::move(KvCache::create(config_for(2, 16, t, 4, 8)).value());
+    ASSERT_TRUE(cache->add_sequence(1).ok());
+    std::vector<int32_t> six{1, 2, 3, 4, 5, 6}, one{7};
+    std::vector<float> k(6 * 32), v(6 * 32), big(32);
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    for (auto& x : big) x = 50.0f * nd(rng);
+    AppendRequest r{1, six};
+    auto plan = cache->prepare_append({&r, 1});
+    ASSERT_TRUE(plan.ok() && cache->apply(*plan).ok());
+    for (int32_t l = 0; l < 2; ++l) ASSERT_TRUE(cache->write_kv(1, l, 0, 6, k.data(), v.data()).ok());
+    auto read = [&](SeqId id, int64_t tokens) {
+      const SeqId ids[1] = {id};
+      auto batch = cache->batch(ids);
+      attn::AttentionParams p;
+      EXPECT_TRUE(cache->bind(*batch, 1, p).ok());
+      const attn::KvSeq K = attn::make_kv_seq(p, 0, false), V = attn::make_kv_seq(p, 0, true);
+      std::vector<float> out;
+      for (int64_t tt = 0; tt < tokens; ++tt)
+        for (int h = 0; h < 2; ++h)
+          for (int c = 0; c < 16; ++c) out.push_back(K.load(tt, h, c)), out.push_back(V.load(tt, h, c));
+      return out;
+    };
+    const auto parent_before = read(1, 6);
+    ASSERT_TRUE(cache->fork(1, 2).ok());
+    AppendRequest r2{2, one};
+    plan = cache->prepare_append({&r2, 1});
+    ASSERT_TRUE(plan.ok() && cache->apply(*plan).ok());
+    for (int32_t l = 0; l < 2; ++l) ASSERT_TRUE(cache->write_kv(2, l, 6, 1, big.data(), big.data()).ok());
+    EXPECT_EQ(cache->stats().cow_copies, 1);
+    EXPECT_EQ(read(1, 6), parent_before) << dtype_name(t);  // bit for bit
+    const auto child = read(2, 6);
+    if (t == DType::kFp8E4M3) {
+      // Re-encoded at a larger power-of-two scale: within the format's bound of the inputs.
+      const SeqId ids[1] = {2};
+      auto batch = cache->batch(ids);
+      attn::AttentionParams p;
+      ASSERT_TRUE(cache->bind(*batch, 1, p).ok());
+      const attn::KvSeq K = attn::make_kv_seq(p, 0, false);
+      for (int tt = 4; tt < 6; ++tt)
+        for (int h = 0; h < 2; ++h)
+          for (int c = 0; c < 16; ++c) {
+            const float x = k[size_t((tt * 2 + h) * 16 + c)];
+            EXPECT_LE(std::fabs(K.load(tt, h, c) - x), std::fabs(x) / 16 + 2 * K.scale_of(tt, h) / 1024);
+          }
+    } else {
+      EXPECT_EQ(child, parent_before) << dtype_name(t);
+    }
+  }
+}
+
 // int8: one rounding per element at a scale of the row's max / 127.
 TEST(KvAttention, Int8RowErrorBound) {
   std::mt19937 rng(6);
