@@ -453,6 +453,36 @@ TEST(KvBlockManager, BytesInUseMatchTheFormula) {
   EXPECT_LE(s.bytes_in_use, tokens * per_token + int64_t(model.size()) * s.block_bytes);
 }
 
+// The planner's per-sequence figure is what the cache really holds, for every format.
+TEST(KvBlockManager, BytesInUseEqualThePlannersPagedFigure) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kI8, DType::kFp8E4M3}) {
+    CacheConfig c;
+    c.num_layers = 3;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.dtype = t;
+    c.budget_bytes = 64 * *block_bytes(3, 2, 16, format_of(t), 16);
+    c.host_storage = false;
+    auto cache = make(c);
+    ModelConfig m;
+    m.num_layers = 3;
+    m.num_heads = 4;
+    m.num_kv_heads = 2;
+    m.head_dim = 16;
+    int64_t want = 0;
+    for (int32_t id = 0; id < 5; ++id) {
+      const int64_t len = 1 + 37 * id;
+      std::vector<int32_t> toks(size_t(len), id);
+      ASSERT_TRUE(cache->add_sequence(id).ok());
+      AppendRequest r{id, toks};
+      auto plan = cache->prepare_append({&r, 1});
+      ASSERT_TRUE(plan.ok() && plan->fits() && cache->apply(*plan).ok());
+      want += *paged_sequence_bytes(m, len, format_of(t), 16);
+    }
+    EXPECT_EQ(cache->stats().bytes_in_use, want) << dtype_name(t);
+  }
+}
+
 // The model-based randomized test: random operations, each checked against a plain model.
 void run_random_ops(uint32_t seed, int32_t groups, int steps, bool streaming = false) {
   std::mt19937 rng(seed);
