@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   escala::cli::add_generate_command(app, exit_code);
   escala::cli::add_chat_command(app, exit_code);
   escala::cli::add_tokenize_command(app, exit_code);
+  escala::cli::add_serve_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,256 @@
+#include "server/http_server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <ctime>
+
+#include "server/protocol.h"
+
+namespace escala::server {
+
+using nlohmann::json;
+
+namespace {
+constexpr auto kPoll = std::chrono::milliseconds(50);
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(error_body(e), "application/json");
+}
+
+ApiError server_error(int status, std::string message, std::string type, std::string code) {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.code = std::move(code);
+  return e;
+}
+
+std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+// What a finished request reports as finish_reason (cancelled/error are not sent as such).
+const char* finish_name(engine::FinishReason r) { return r == engine::FinishReason::kLength ? "length" : "stop"; }
+}  // namespace
+
+struct HttpServer::Impl {
+  engine::Engine& engine;
+  model::Tokenizer tokenizer;
+  model::ChatTemplate chat_template;
+  ServerOptions options;
+  ProtocolContext ctx;
+  httplib::Server svr;
+  int port = -1;
+  std::atomic<bool> stopping{false};
+  std::atomic<uint64_t> next_id{1};
+  int64_t started = std::time(nullptr);
+
+  Impl(engine::Engine& e, const model::Tokenizer& t, const model::ChatTemplate& ct, const ServerOptions& o)
+      : engine(e), tokenizer(t), chat_template(ct), options(o) {}
+
+  void routes();
+  void completion(const httplib::Request& req, httplib::Response& res, bool chat);
+};
+
+void HttpServer::Impl::routes() {
+  ctx.model_id = options.model_id;
+  ctx.tokenizer = &tokenizer;
+  ctx.chat_template = &chat_template;
+  ctx.max_context = engine.max_context();
+  const int threads = options.http_threads > 0 ? options.http_threads : 256;
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  svr.set_payload_max_length(options.max_body_bytes);
+  svr.set_keep_alive_max_count(1000);
+
+  svr.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { completion(q, r, false); });
+  svr.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { completion(q, r, true); });
+  auto model_json = [this] {
+    return json{{"id", options.model_id},
+                {"object", "model"},
+                {"created", started},
+                {"owned_by", "escala"},
+                {"max_model_len", engine.max_context()}};
+  };
+  svr.Get("/v1/models", [model_json](const httplib::Request&, httplib::Response& r) {
+    r.set_content(dump(json{{"object", "list"}, {"data", json::array({model_json()})}}), "application/json");
+  });
+  svr.Get(R"(/v1/models/(.+))", [this, model_json](const httplib::Request& q, httplib::Response& r) {
+    if (q.matches[1] != options.model_id) {
+      ApiError e = server_error(404, fmt::format("The model '{}' does not exist", std::string(q.matches[1])),
+                                "invalid_request_error", "model_not_found");
+      e.param = "model";
+      return send_error(r, e);
+    }
+    r.set_content(dump(model_json()), "application/json");
+  });
+  svr.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
+    if (stopping) return send_error(r, server_error(503, "the server is shutting down", "server_error", "shutting_down"));
+    r.set_content(R"({"status":"ok"})", "application/json");
+  });
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
+    r.set_content(metrics_text(engine.stats(), options.model_id), "text/plain; version=0.0.4");
+  });
+
+  // Errors httplib produces itself (unknown route, body too large, bad request line) get an
+  // OpenAI-style body too.
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& q, httplib::Response& r) {
+    if (!r.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    e.status = r.status;
+    switch (r.status) {
+      case 404: e.message = fmt::format("no route for {} {}", q.method, q.path); e.code = "not_found"; break;
+      case 413: e.message = "the request body is too large"; e.code = "payload_too_large"; break;
+      case 405: e.message = "method not allowed"; e.code = "method_not_allowed"; break;
+      default: e.message = fmt::format("HTTP error {}", r.status); break;
+    }
+    if (r.status >= 500) e.type = "server_error";
+    r.set_content(error_body(e), "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& ex) {
+      what = ex.what();
+    } catch (...) {
+    }
+    send_error(r, server_error(500, what, "server_error", "internal_error"));
+  });
+}
+
+void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  if (stopping) return send_error(res, server_error(503, "the server is shutting down", "server_error", "shutting_down"));
+  ApiRequest ar;
+  if (auto e = parse_request(req.body, chat, ctx, ar)) return send_error(res, *e);
+  auto submitted = engine.submit(std::move(ar.request));
+  if (!submitted.ok()) {
+    const std::string& m = submitted.message();
+    if (m.find("queue is full") != std::string::npos)
+      return send_error(res, server_error(429, m, "rate_limit_error", "queue_full"));
+    if (m.find("shutting down") != std::string::npos)
+      return send_error(res, server_error(503, m, "server_error", "shutting_down"));
+    ApiError e;
+    e.message = m;
+    return send_error(res, e);
+  }
+  std::shared_ptr<engine::RequestHandle> handle = *submitted;
+  const std::string id = fmt::format("{}-{:x}{:08x}", chat ? "chatcmpl" : "cmpl", next_id++, uint32_t(started));
+  const int64_t created = std::time(nullptr);
+  const std::string model = options.model_id;
+
+  if (!ar.stream) {
+    std::string text;
+    engine::Event last;
+    for (bool done = false; !done;) {
+      for (auto& ev : handle->wait(kPoll)) {
+        text += ev.text;
+        if (ev.finished) {
+          last = std::move(ev);
+          done = true;
+        }
+      }
+    }
+    if (last.reason == engine::FinishReason::kCancelled)
+      return send_error(res, server_error(503, "the request was cancelled (server shutting down)", "server_error",
+                                          "cancelled"));
+    if (last.reason == engine::FinishReason::kError)
+      return send_error(res, server_error(500, last.error, "server_error", "internal_error"));
+    const Usage u{last.prompt_tokens, last.completion_tokens, last.cached_tokens};
+    res.set_content(dump(completion_response(chat, id, created, model, text, finish_name(last.reason), u)),
+                    "application/json");
+    return;
+  }
+
+  struct Stream {
+    std::shared_ptr<engine::RequestHandle> handle;
+    bool first = true, finished = false;
+  };
+  auto st = std::make_shared<Stream>();
+  st->handle = handle;
+  const bool include_usage = ar.include_usage;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [st, chat, id, created, model, include_usage](size_t, httplib::DataSink& sink) {
+        auto write = [&](const std::string& s) {
+          if (sink.write(s.data(), s.size())) return true;
+          st->handle->cancel();  // the client is gone: free its blocks
+          return false;
+        };
+        if (st->first && chat) {  // the role first, as OpenAI does
+          st->first = false;
+          if (!write(sse(stream_chunk(true, id, created, model, "", nullptr, true)))) return false;
+        }
+        for (auto& ev : st->handle->wait(kPoll)) {
+          if (!ev.text.empty()) {
+            if (!write(sse(stream_chunk(chat, id, created, model, ev.text, nullptr, false)))) return false;
+          }
+          if (!ev.finished) continue;
+          st->finished = true;
+          if (ev.reason == engine::FinishReason::kCancelled || ev.reason == engine::FinishReason::kError) {
+            const ApiError e = ev.reason == engine::FinishReason::kError
+                                   ? server_error(500, ev.error, "server_error", "internal_error")
+                                   : server_error(503, "the request was cancelled", "server_error", "cancelled");
+            if (!write("data: " + error_body(e) + "\n\n")) return false;
+          } else {
+            if (!write(sse(stream_chunk(chat, id, created, model, "", finish_name(ev.reason), false)))) return false;
+            if (include_usage &&
+                !write(sse(usage_chunk(chat, id, created, model,
+                                       Usage{ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens}))))
+              return false;
+          }
+          if (!write("data: [DONE]\n\n")) return false;
+          sink.done();
+          return true;
+        }
+        return true;
+      },
+      [st](bool) {
+        if (!st->finished) st->handle->cancel();  // connection closed or server stopping
+      });
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() { stop(); }
+
+Result<std::unique_ptr<HttpServer>> HttpServer::create(engine::Engine& engine, const model::Tokenizer& tokenizer,
+                                                       const model::ChatTemplate& chat_template,
+                                                       const ServerOptions& options) {
+  ESCALA_CHECK_ARG(options.port >= 0 && options.port <= 65535, "serve: port must be in [0, 65535] (got {})", options.port);
+  ESCALA_CHECK_ARG(!options.model_id.empty(), "serve: empty model id");
+  auto impl = std::make_unique<Impl>(engine, tokenizer, chat_template, options);
+  impl->routes();
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+Status HttpServer::bind() {
+  Impl& m = *impl_;
+  if (m.options.port == 0) {
+    m.port = m.svr.bind_to_any_port(m.options.host);
+    if (m.port < 0) return Status::error(fmt::format("serve: cannot bind {}:0", m.options.host));
+  } else {
+    if (!m.svr.bind_to_port(m.options.host, m.options.port))
+      return Status::error(fmt::format("serve: cannot bind {}:{} (in use, or not a local address?)", m.options.host,
+                                       m.options.port));
+    m.port = m.options.port;
+  }
+  return {};
+}
+
+int HttpServer::bound_port() const { return impl_->port; }
+
+Status HttpServer::listen() {
+  if (impl_->port < 0) ESCALA_RETURN_IF_ERROR(bind());
+  if (!impl_->svr.listen_after_bind() && !impl_->stopping) return Status::error("serve: the listener failed");
+  return {};
+}
+
+void HttpServer::stop() {
+  impl_->stopping = true;
+  impl_->svr.stop();
+}
+
+}  // namespace escala::server
