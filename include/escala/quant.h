@@ -60,11 +60,14 @@ struct WeightView {
   uint64_t row_stride = 0;  // 0: packed rows (row_bytes(type, cols))
 };
 
-// Types with an integer-dot kernel (activations quantized to 8 bits on the fly); the other
-// types go through dequantize + f32 dot, which is correct but slower.
+// Types with a SIMD kernel: q4_0, q4_1, q8_0, q4_K, q6_K (integer dot products, activations
+// quantized to 8 bits on the fly; AVX-512 VNNI when the CPU has it, else Highway) and f32/f16
+// (float dot). bf16, q5_0, q5_1 and q5_K go through dequantize + f32 dot: correct, slower.
 bool has_fast_kernel(TensorType t);
 
-// y[rows] = W x[cols]. `threads` <= 0: OpenMP's default. Errors on shape/type mismatch only.
+// y[rows] = W x[cols]. `threads` <= 0: OpenMP's default; small products use fewer threads
+// (at least 64K multiply-adds each). Errors on a bad view or null pointers only. Activation
+// buffers are kept per calling thread and reused.
 Status matvec(const WeightView& w, const float* x, float* y, int threads = 0);
 
 // Y[m][rows] = X[m][cols] W^T for m activation rows (X row-major with stride cols, Y with stride
