@@ -16,6 +16,12 @@ bool short_queries(const AttentionParams& p) {
     if (p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] > kDecodeMaxQueries) return false;
   return true;
 }
+
+bool long_queries(const AttentionParams& p) {
+  for (int b = 0; b < p.batch; ++b)
+    if (p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] > kDecodeMaxQueries) return true;
+  return false;
+}
 }  // namespace
 
 Status attention(const AttentionParams& p, const CpuOptions& options) {
@@ -25,7 +31,18 @@ Status attention(const AttentionParams& p, const CpuOptions& options) {
   ESCALA_CHECK_ARG(options.num_splits >= 0 && options.num_splits <= 4096, "attention: bad split count {}",
                    options.num_splits);
   Impl impl = options.impl;
-  if (impl == Impl::kAuto) impl = short_queries(p) ? Impl::kDecode : Impl::kFlash;
+  if (impl == Impl::kAuto) {
+    // Per sequence: short query runs go to the decode kernel, the rest to the flash kernel, so a
+    // sequence's result never depends on what else is in the batch.
+    const cpu::SeqRange short_range{0, kDecodeMaxQueries}, long_range{kDecodeMaxQueries + 1};
+    if (!long_queries(p)) {
+      cpu::decode_attention(p, options.num_threads, options.num_splits);
+    } else {
+      cpu::flash_attention(p, options.num_threads, long_range);
+      if (!short_queries(p) && p.batch > 1) cpu::decode_attention(p, options.num_threads, options.num_splits, short_range);
+    }
+    return {};
+  }
   switch (impl) {
     case Impl::kReference: attention_reference(p); break;
     case Impl::kDecode:

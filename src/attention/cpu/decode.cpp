@@ -233,7 +233,7 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
 
 }  // namespace
 
-HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int num_splits) {
+HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int num_splits, SeqRange range) {
   const int dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
   const int group = p.num_heads / p.num_kv_heads;
   const int threads = num_threads > 0 ? num_threads : omp_get_max_threads();
@@ -248,30 +248,34 @@ HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int
     g.q0 = p.cu_seqlens_q[b];
     g.q_len = p.cu_seqlens_q[b + 1] - g.q0;
     g.kv_len = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    if (!range.covers(g.q_len)) continue;
     const int64_t pos_lo = g.kv_len - g.q_len, pos_hi = g.kv_len - 1;
     g.range_end = mask.key_end(pos_hi, g.kv_len);
     g.range_begin = std::min(mask.window_begin(pos_lo), g.range_end);
     g.sink_end = std::min<int64_t>(p.num_sinks, g.range_begin);
     max_rows = std::max(max_rows, int(g.q_len) * group);
+    // Splits from this sequence alone (its length, the heads, the threads), never from the rest
+    // of the batch: enough items to keep every thread busy, none shorter than kMinSplitKeys.
+    const int64_t keys = g.sink_end + g.range_end - g.range_begin;
+    if (num_splits > 0) {
+      g.splits = num_splits;
+    } else {
+      const int64_t want = (2 * int64_t(threads) + p.num_kv_heads - 1) / p.num_kv_heads;
+      g.splits = int(std::clamp<int64_t>(std::min<int64_t>(want, keys / kMinSplitKeys), 1, 256));
+    }
     for (int32_t hk = 0; hk < p.num_kv_heads; ++hk) {
       g.hk = hk;
       geo.push_back(g);
     }
   }
-  int64_t max_keys = 0;
-  for (const auto& g : geo) max_keys = std::max(max_keys, g.sink_end + g.range_end - g.range_begin);
-  int splits = num_splits;
-  if (splits <= 0) {
-    // Enough items to keep every thread busy, but never splits shorter than kMinSplitKeys.
-    const int64_t want = (2 * int64_t(threads) + int64_t(geo.size()) - 1) / int64_t(geo.size());
-    splits = int(std::clamp<int64_t>(std::min<int64_t>(want, max_keys / kMinSplitKeys), 1, 256));
-  }
-  for (auto& g : geo) g.splits = splits;
+  if (geo.empty()) return;
 
-  // Partials: [geo][split][rows][dv] and their LSE.
+  // Partials: one slot of [rows][dv] and [rows] per (geometry, split).
+  std::vector<int64_t> first_item(geo.size() + 1, 0);
+  for (size_t gi = 0; gi < geo.size(); ++gi) first_item[gi + 1] = first_item[gi] + geo[gi].splits;
+  const int64_t n_items = first_item.back();
   const size_t stride_o = size_t(max_rows) * dv;
-  std::vector<float> part_o(geo.size() * splits * stride_o), part_lse(geo.size() * splits * max_rows);
-  const int64_t n_items = int64_t(geo.size()) * splits;
+  std::vector<float> part_o(size_t(n_items) * stride_o), part_lse(size_t(n_items) * max_rows);
   const int d_pad = p.head_dim + 64, dv_pad = dv + 64;
 #pragma omp parallel num_threads(threads)
   {
@@ -279,8 +283,8 @@ HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int
     sc.init(max_rows, d_pad, dv_pad);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
-      const size_t gi = size_t(it / splits);
-      const int sp = int(it % splits);
+      const size_t gi = size_t(std::upper_bound(first_item.begin(), first_item.end(), it) - first_item.begin() - 1);
+      const int sp = int(it - first_item[gi]);
       run_split(p, geo[gi], sp, sc, part_o.data() + size_t(it) * stride_o, part_lse.data() + size_t(it) * max_rows);
     }
   }
@@ -295,8 +299,8 @@ HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int
       const int64_t i = r / group;
       const int h = g.hk * group + r % group;
       float lse = kNegInf;
-      for (int sp = 0; sp < splits; ++sp) {
-        const size_t it = gi * splits + sp;
+      for (int sp = 0; sp < g.splits; ++sp) {
+        const size_t it = size_t(first_item[gi] + sp);
         merge_partial(acc.data(), &lse, part_o.data() + it * stride_o + size_t(r) * dv,
                       part_lse[it * max_rows + r], dv);
       }
@@ -315,8 +319,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace escala::attn::cpu {
 HWY_EXPORT(DecodeAttentionImpl);
-void decode_attention(const AttentionParams& p, int num_threads, int num_splits) {
-  HWY_DYNAMIC_DISPATCH(DecodeAttentionImpl)(p, num_threads, num_splits);
+void decode_attention(const AttentionParams& p, int num_threads, int num_splits, SeqRange range) {
+  HWY_DYNAMIC_DISPATCH(DecodeAttentionImpl)(p, num_threads, num_splits, range);
 }
 }  // namespace escala::attn::cpu
 #endif

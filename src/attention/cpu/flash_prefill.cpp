@@ -221,13 +221,14 @@ HWY_ATTR void run_item(const AttentionParams& p, const WorkItem& w, Scratch& s) 
 
 }  // namespace
 
-HWY_ATTR void FlashAttentionImpl(const AttentionParams& p, int num_threads) {
+HWY_ATTR void FlashAttentionImpl(const AttentionParams& p, int num_threads, SeqRange range) {
   const int bq = kQVecs * int(hn::Lanes(DF()));
   const int dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
   std::vector<WorkItem> items;
   for (int32_t b = 0; b < p.batch; ++b) {
     const int64_t q_len = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
     const int64_t kv_len = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    if (!range.covers(q_len)) continue;
     const int32_t tiles = int32_t((q_len + bq - 1) / bq);
     for (int32_t t = 0; t < tiles; ++t) {
       // Cost ~ keys visited: later tiles see more keys under a causal mask.
@@ -253,8 +254,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace escala::attn::cpu {
 HWY_EXPORT(FlashAttentionImpl);
-void flash_attention(const AttentionParams& p, int num_threads) {
-  HWY_DYNAMIC_DISPATCH(FlashAttentionImpl)(p, num_threads);
+void flash_attention(const AttentionParams& p, int num_threads, SeqRange range) {
+  HWY_DYNAMIC_DISPATCH(FlashAttentionImpl)(p, num_threads, range);
 }
 }  // namespace escala::attn::cpu
 #endif
