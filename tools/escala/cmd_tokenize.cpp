@@ -5,6 +5,7 @@
 #include <iterator>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cli_args.h"
 #include "commands.h"
@@ -19,7 +20,7 @@ namespace {
 struct TokenizeArgs {
   std::optional<std::string> prompt, prompt_file;
   std::string model;
-  bool no_bos = false, special = false, pieces = false;
+  bool no_bos = false, special = false, pieces = false, batch = false;
 };
 
 // Printable form of a piece: escapes for control bytes, quotes and backslashes.
@@ -58,14 +59,26 @@ Status run_tokenize(const TokenizeArgs& a) {
   if (!file.ok()) return file.status();
   auto tok = model::Tokenizer::from_gguf(*file);
   if (!tok.ok()) return tok.status();
-  auto ids = tok->encode(text, {.add_special = !a.no_bos, .parse_special = a.special});
-  if (!ids.ok()) return ids.status();
-  std::string out;
-  if (a.pieces) {
-    for (model::TokenId id : *ids) out += fmt::format("{:>6} {}\n", id, quote(tok->token_to_piece(id, true)));
+  // --batch: NUL-separated texts, one line of ids each (used by the llama.cpp comparison).
+  std::vector<std::string_view> texts;
+  if (a.batch) {
+    std::string_view rest = text;
+    for (size_t nul; (nul = rest.find('\0')) != std::string_view::npos; rest.remove_prefix(nul + 1))
+      texts.push_back(rest.substr(0, nul));
+    texts.push_back(rest);
   } else {
-    for (size_t i = 0; i < ids->size(); ++i) out += fmt::format("{}{}", i ? " " : "", (*ids)[i]);
-    out += '\n';
+    texts.push_back(text);
+  }
+  std::string out;
+  for (std::string_view t : texts) {
+    auto ids = tok->encode(t, {.add_special = !a.no_bos, .parse_special = a.special});
+    if (!ids.ok()) return ids.status();
+    if (a.pieces) {
+      for (model::TokenId id : *ids) out += fmt::format("{:>6} {}\n", id, quote(tok->token_to_piece(id, true)));
+    } else {
+      for (size_t i = 0; i < ids->size(); ++i) out += fmt::format("{}{}", i ? " " : "", (*ids)[i]);
+      out += '\n';
+    }
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return {};
@@ -82,6 +95,7 @@ void add_tokenize_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no-bos", args->no_bos, "Do not add BOS/EOS even when the model asks for them");
   cmd->add_flag("--special", args->special, "Recognise control tokens such as <|im_start|> in the text");
   cmd->add_flag("--pieces", args->pieces, "Print one token per line: id and its text");
+  cmd->add_flag("--batch", args->batch, "The text holds several texts separated by NUL bytes: one line of ids each");
   cmd->callback([args, &exit_code] {
     const Status st = run_tokenize(*args);
     exit_code = st.ok() ? 0 : report_error(st);

@@ -121,12 +121,12 @@ size_t match_number_run(const Text& t, size_t pos, size_t end) {
   return k - pos;
 }
 
-// [\p{P}\$\+<=>\^`\|]+
+// [\p{P}\$\+<=>\^~\|]+
 size_t match_punct_run(const Text& t, size_t pos, size_t end) {
   auto hit = [&](size_t i) {
     if (t.flags[i] & kP) return true;
     switch (t.cp(i)) {
-      case '$': case '+': case '<': case '=': case '>': case '^': case '`': case '|': return true;
+      case '$': case '+': case '<': case '=': case '>': case '^': case '~': case '|': return true;
       default: return false;
     }
   };
@@ -185,11 +185,13 @@ constexpr std::array kNames{
     NamedKind{"falcon3", PreTokenizerKind::kLlama3},
     NamedKind{"qwen2", PreTokenizerKind::kQwen2},
     NamedKind{"deepseek-r1-qwen", PreTokenizerKind::kQwen2},
+    NamedKind{"stablelm2", PreTokenizerKind::kQwen2},
     NamedKind{"smollm", PreTokenizerKind::kDigitsGpt2},
     NamedKind{"starcoder", PreTokenizerKind::kDigitsGpt2},
     NamedKind{"refact", PreTokenizerKind::kDigitsGpt2},
     NamedKind{"command-r", PreTokenizerKind::kDigitsGpt2},
     NamedKind{"codeshell", PreTokenizerKind::kDigitsGpt2},
+    NamedKind{"exaone", PreTokenizerKind::kDigitsGpt2},
 };
 
 }  // namespace

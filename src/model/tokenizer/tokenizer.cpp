@@ -47,7 +47,8 @@ struct Fragment {
 };
 
 std::vector<Fragment> split_specials(const Tokenizer::Impl& v, std::string_view text, bool parse_special) {
-  std::vector<Fragment> frags{{kNoToken, 0, text.size()}};
+  std::vector<Fragment> frags;
+  if (!text.empty()) frags.push_back({kNoToken, 0, text.size()});  // no text: no space prefix either
   for (TokenId special : v.specials) {
     const TokenType t = v.type(special);
     if (!parse_special && t != TokenType::kUserDefined) continue;
