@@ -26,8 +26,10 @@ if [ "${ESCALA_SKIP_SANITIZE:-0}" = 0 ]; then
   start=$(date +%s)
   # CUDA off: nvcc does not take the sanitizer flags, and nothing here runs on a GPU. Warnings are
   # not errors here: GCC's flow warnings give false positives under -fsanitize (the Werror build
-  # above already holds the code to them).
-  cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Release -DESCALA_WERROR=OFF -DESCALA_SANITIZE=ON -DESCALA_CUDA=OFF
+  # above already holds the code to them). -O1 with asserts on: half the compile time of -O3
+  # under instrumentation, and the tests still run in seconds.
+  cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE=-O1 \
+    -DESCALA_WERROR=OFF -DESCALA_SANITIZE=ON -DESCALA_CUDA=OFF
   cmake --build build-sanitize -j "$JOBS" --target escala_tests
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1" \
     UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
