@@ -3,7 +3,15 @@
 // and known ids on the real SmolLM2 vocabulary when the model file is present.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -471,6 +479,61 @@ TEST(SmolLm2Tokenizer, KnownIdsFromLlamaCpp) {
   EXPECT_EQ(chat->format(), ChatFormat::kChatMl);
   EXPECT_TRUE(t->is_end_of_generation(t->find_token("<|im_end|>")));
 }
+
+
+// ---- escala tokenize -----------------------------------------------------------------------
+
+#ifdef ESCALA_CLI_PATH
+struct CliRun {
+  int rc;
+  std::string out, err;
+};
+
+CliRun run_cli(const std::string& args) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("escala_tok_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string cmd = std::string("timeout 60 '") + ESCALA_CLI_PATH + "' " + args + " >'" +
+                          (dir / "out").string() + "' 2>'" + (dir / "err").string() + "'";
+  const int status = std::system(cmd.c_str());
+  auto slurp = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  };
+  CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out"), slurp(dir / "err")};
+  fs::remove_all(dir);
+  return r;
+}
+
+TEST(TokenizeCommand, PrintsIdsAndReportsErrors) {
+  namespace fs = std::filesystem;
+  const fs::path model = fs::temp_directory_path() / ("escala_tok_vocab_" + std::to_string(::getpid()) + ".gguf");
+  VocabData d = bpe_vocab("smollm", kHelloMerges);
+  d.add_bos = 1;
+  {
+    const std::vector<uint8_t> bytes = write_vocab(d);
+    std::ofstream(model, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                                 static_cast<std::streamsize>(bytes.size()));
+  }
+  Tokenizer t = make(d);
+  const std::string expect = fmt::format("{} {} {}\n", t.bos(), t.find_token("hello"), t.find_token(mapped(" world")));
+  CliRun r = run_cli("tokenize --model '" + model.string() + "' --prompt 'hello world'");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, expect);
+  r = run_cli("tokenize --model '" + model.string() + "' --no-bos --special --prompt '<|im_start|>hello'");
+  EXPECT_EQ(r.out, fmt::format("{} {}\n", t.find_token("<|im_start|>"), t.find_token("hello")));
+  r = run_cli("tokenize --model '" + model.string() + "' --no-bos --pieces --prompt 'hello'");
+  EXPECT_NE(r.out.find("'hello'"), std::string::npos) << r.out;
+  r = run_cli("tokenize --model /nonexistent/model.gguf --prompt hi");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.err.rfind("escala: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  r = run_cli("tokenize --model '" + model.string() + "'");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--prompt"), std::string::npos) << r.err;
+  fs::remove(model);
+}
+#endif
 
 }  // namespace
 }  // namespace escala::model
