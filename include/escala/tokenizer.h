@@ -51,7 +51,7 @@ struct DecodeOptions {
   // Print CONTROL tokens as their text (otherwise they print as nothing).
   bool render_special = false;
   // Drop the space SentencePiece put before the first word (only for "llama" vocabularies that
-  // add a space prefix).
+  // add a space prefix), so that decode(encode(text)) == text.
   bool strip_leading_space = true;
 };
 
@@ -107,9 +107,12 @@ class Tokenizer {
 // Turns a stream of token ids into text that only ever ends on complete UTF-8 characters:
 // bytes of a character split over tokens are held back until the character is complete.
 // Bytes that can never form a valid character come out as U+FFFD.
+// By default nothing is stripped: generated tokens continue a prompt, so the space of a first
+// SentencePiece piece such as "▁Paris" belongs in the output.
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tokenizer, DecodeOptions options = {});
+  explicit StreamDecoder(const Tokenizer& tokenizer,
+                         DecodeOptions options = {.render_special = false, .strip_leading_space = false});
   // The text that became complete with this token (often empty or one word).
   Result<std::string> push(TokenId id);
   // Whatever is still held back (incomplete characters become U+FFFD). Call at the end.

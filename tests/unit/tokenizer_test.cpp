@@ -275,7 +275,7 @@ TEST(SpmTokenizer, RoundTripRandomUnicode) {
 
 TEST(StreamDecoder, EmitsOnlyCompleteCharacters) {
   Tokenizer t = make(spm_vocab());
-  StreamDecoder dec(t);
+  StreamDecoder dec(t, {.render_special = false, .strip_leading_space = true});
   auto ids = enc(t, "h€😀", {.add_special = false});
   std::string all;
   for (TokenId id : ids) {
@@ -288,6 +288,12 @@ TEST(StreamDecoder, EmitsOnlyCompleteCharacters) {
   all += dec.flush();
   EXPECT_EQ(all, "h€😀");
   // Three byte tokens of one character: nothing, nothing, then the character.
+  // Streaming keeps the space of a first SentencePiece piece (it continues the prompt);
+  // decode() of a whole sequence drops it.
+  StreamDecoder cont(t);
+  EXPECT_EQ(*cont.push(t.find_token("▁hello")), " hello");
+  const TokenId hello[] = {t.find_token("▁hello")};
+  EXPECT_EQ(*t.decode(hello), "hello");
   const TokenId e2 = t.find_token("<0xE2>"), x82 = t.find_token("<0x82>"), xac = t.find_token("<0xAC>");
   dec.reset();
   EXPECT_EQ(*dec.push(e2), "");
@@ -392,6 +398,11 @@ TEST(ChatTemplate, ChatMlWithDefaultSystem) {
   std::string escaped(kSmolTemplate);
   for (size_t p = 0; (p = escaped.find('\n', p)) != std::string::npos;) escaped.replace(p, 1, "\\n");
   EXPECT_EQ(ChatTemplate::from_jinja(escaped)->default_system_prompt(), t->default_system_prompt());
+  // Qwen 2.5 style: the default sits in an else branch after a branch built from the message.
+  auto qwen = ChatTemplate::from_jinja(
+      "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+      "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are Qwen.<|im_end|>\\n' }}{%- endif %}");
+  EXPECT_EQ(qwen->default_system_prompt(), "You are Qwen.");
   // A plain ChatML template has no default system prompt.
   auto plain = ChatTemplate::from_jinja("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + "
                                         "'<|im_end|>\n'}}{% endfor %}");

@@ -38,11 +38,10 @@ std::string_view trim(std::string_view s) {
   return s.substr(b, s.find_last_not_of(kSpace) + 1 - b);
 }
 
-// The system prompt a ChatML template writes when the conversation has none: a plain string
-// literal '<|im_start|>system\n...<|im_end|>' in a template that tests for a system message.
+// The system prompt a ChatML template writes when the conversation has none: the first plain
+// string literal '<|im_start|>system\n...<|im_end|>' (one built from a message's content is code,
+// not a literal, and is passed over).
 std::string find_default_system(std::string_view jinja) {
-  if (jinja.find("!= 'system'") == std::string_view::npos && jinja.find("!= \"system\"") == std::string_view::npos)
-    return {};
   constexpr std::string_view kOpen = "<|im_start|>system";
   constexpr std::string_view kClose = "<|im_end|>";
   for (size_t pos = jinja.find(kOpen); pos != std::string_view::npos; pos = jinja.find(kOpen, pos + 1)) {
