@@ -9,6 +9,10 @@ strings from a mixed pool are added. With --variants, vocabulary-only copies of 
 other pre-tokenizers and a SentencePiece vocabulary built from its tokens are compared too. Every text is tokenized in four modes (BOS as the model
 asks / none, special tokens parsed / not). Exit status 0 when every result is identical, 1 when
 any differs (each difference is printed), 77 when llama-cpp-python is not installed.
+
+llama-cpp-python builds llama.cpp from source when installed (`pip install llama-cpp-python`).
+A libllama.so built elsewhere also works: PYTHONPATH=<folder holding the llama_cpp package>
+LLAMA_CPP_LIB_PATH=<folder holding libllama.so and libggml*.so>.
 """
 import argparse
 import os

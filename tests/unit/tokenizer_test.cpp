@@ -265,7 +265,8 @@ TEST(SpmTokenizer, RoundTripRandomUnicode) {
   Tokenizer t = make(spm_vocab());
   std::mt19937 rng(99);
   for (int iter = 0; iter < 300; ++iter) {
-    const std::string s = random_unicode(rng, true);
+    std::string s = random_unicode(rng, true);
+    if (iter % 10 == 0) s += std::string("\xC3(\xFF", 3);  // bad bytes fall back to byte tokens
     auto ids = enc(t, s);
     ASSERT_EQ(*t.decode(ids), s) << "iteration " << iter;
   }
