@@ -1,4 +1,4 @@
-// The one definition of masks and score transforms, shared by the reference, the CPU kernels and
+// The one definition of masks, shared by the reference, the CPU kernels and
 // the CUDA kernels (FlashInfer-style variant: small structs, not flags threaded through loops).
 #pragma once
 
@@ -46,18 +46,6 @@ struct Mask {
     if (window_left < 0) return 0;
     int64_t b = q_pos_min - window_left;
     return b < 0 ? 0 : b;
-  }
-};
-
-// Score transform: scaling and optional soft-capping (Gemma 2), applied before masking.
-struct ScoreTransform {
-  float scale = 1.0f;
-  float softcap = 0.0f;  // 0 = off
-
-  ESCALA_HD float operator()(float dot) const {
-    float s = dot * scale;
-    if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
-    return s;
   }
 };
 

@@ -117,7 +117,6 @@ HWY_ATTR void run_item(const AttentionParams& p, const WorkItem& w, Scratch& s) 
   const int64_t i_lo = int64_t(w.q_tile) * bq, i_hi = std::min<int64_t>(q_len, i_lo + bq);
   const int64_t pos_lo = i_lo + kv_len - q_len, pos_hi = i_hi - 1 + kv_len - q_len;
   const Mask mask{p.causal, p.window_left, p.window_right, p.num_sinks};
-  const ScoreTransform tr{1.0f, p.softcap};
   const float scale = effective_scale(p);
   const KvSeq K = make_kv_seq(p, w.b, false), V = make_kv_seq(p, w.b, true);
 
@@ -168,7 +167,6 @@ HWY_ATTR void run_item(const AttentionParams& p, const WorkItem& w, Scratch& s) 
         for (int64_t i = i_lo; i < i_hi; ++i)
           if (!mask.visible(i + kv_len - q_len, j0 + j)) st[size_t(j) * bq + (i - i_lo)] = kNegInf;
     }
-    (void)tr;
     // Online softmax, one query per lane.
     for (int v = 0; v < kQVecs; ++v) {
       VF mx = hn::Load(df, m + v * L);
