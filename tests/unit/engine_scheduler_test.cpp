@@ -1,0 +1,286 @@
+// The continuous-batching engine on a tiny random-weight model: batched greedy output equals the
+// same request run alone (bit-exact logits), preemption under a tiny KV budget completes every
+// request, cancellation frees blocks, the pool returns to empty.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "engine/stop_strings.h"
+#include "engine_fixture.h"
+#include "escala/engine.h"
+
+namespace escala::engine {
+namespace {
+
+using testing::kVocab;
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason reason = FinishReason::kNone;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+};
+
+Outcome drain(RequestHandle& h) {
+  Outcome o;
+  for (;;) {
+    for (auto& ev : h.wait(std::chrono::milliseconds(100))) {
+      o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      o.text += ev.text;
+      if (ev.finished) {
+        o.reason = ev.reason;
+        o.prompt_tokens = ev.prompt_tokens;
+        o.completion_tokens = ev.completion_tokens;
+        return o;
+      }
+    }
+  }
+}
+
+// Prompts of mixed lengths; every fourth shares a 40-token prefix (prefix-cache hits).
+std::vector<Request> make_requests(int n, int max_tokens, float temperature = 0.0f) {
+  std::mt19937 rng(77);
+  std::uniform_int_distribution<int> tok(0, 255), len(3, 70);
+  std::vector<int32_t> shared(40);
+  for (auto& t : shared) t = tok(rng);
+  std::vector<Request> out;
+  for (int i = 0; i < n; ++i) {
+    Request r;
+    if (i % 4 == 0) r.prompt = shared;
+    const int l = len(rng);
+    for (int k = 0; k < l; ++k) r.prompt.push_back(tok(rng));
+    r.sampling.temperature = temperature;
+    r.sampling.seed = uint64_t(1000 + i);
+    r.max_tokens = max_tokens + i % 7;
+    r.ignore_eos = true;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<Outcome> run_alone(Engine& e, const std::vector<Request>& reqs) {
+  std::vector<Outcome> out;
+  for (const auto& r : reqs) {
+    auto h = e.submit(r);
+    EXPECT_TRUE(h.ok()) << h.message();
+    out.push_back(drain(**h));
+  }
+  return out;
+}
+
+std::vector<Outcome> run_together(Engine& e, const std::vector<Request>& reqs) {
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (const auto& r : reqs) {
+    auto h = e.submit(r);
+    EXPECT_TRUE(h.ok()) << h.message();
+    hs.push_back(*h);
+  }
+  std::vector<Outcome> out;
+  for (auto& h : hs) out.push_back(drain(*h));
+  return out;
+}
+
+void expect_pool_empty(model::Model& m, Engine& e) {
+  e.wait_idle();
+  const auto st = m.cache().stats();
+  EXPECT_EQ(st.used_blocks, 0);
+  EXPECT_EQ(st.sequences, 0);
+  EXPECT_TRUE(m.cache().check_invariants().ok()) << m.cache().check_invariants().message();
+  EXPECT_EQ(e.stats().cache.used_blocks, 0);
+}
+
+// The cause of any batch dependence, exposed directly: the logits of a sequence computed in
+// chunks of <= 16 tokens (the engine's default), alone or next to other sequences, bit for bit.
+TEST(EngineBatchInvariance, ForwardRowsDoNotDependOnTheBatch) {
+  auto alone = testing::tiny_model();
+  auto mixed = testing::tiny_model();
+  ASSERT_TRUE(alone && mixed);
+  std::mt19937 rng(5);
+  std::vector<int32_t> a(45), b(30), c(7);
+  for (auto* v : {&a, &b, &c}) {
+    for (auto& t : *v) t = int32_t(rng() % 256);
+  }
+  auto step = [](model::Model& m, std::vector<std::pair<kv::SeqId, std::span<const int32_t>>> parts,
+                 std::vector<float>& logits) {
+    std::vector<kv::AppendRequest> reqs;
+    std::vector<model::StepSequence> batch;
+    for (auto& [id, toks] : parts) {
+      if (!m.cache().contains(id)) {
+        ASSERT_TRUE(m.cache().add_sequence(id).ok());
+      }
+      reqs.push_back({id, toks});
+      batch.push_back({id, toks, true});
+    }
+    auto plan = m.cache().prepare_append(reqs);
+    ASSERT_TRUE(plan.ok() && plan->fits());
+    ASSERT_TRUE(m.cache().apply(*plan).ok());
+    ASSERT_TRUE(m.forward(batch, logits).ok());
+  };
+  std::vector<float> la, lm;
+  const std::span<const int32_t> A(a), B(b), C(c);
+  // Alone: A in chunks 16, 16, 13.
+  step(*alone, {{1, A.subspan(0, 16)}}, la);
+  step(*alone, {{1, A.subspan(16, 16)}}, la);
+  step(*alone, {{1, A.subspan(32)}}, la);
+  // Mixed: A in chunks 5, 16, 16, 8 next to B and C at other offsets.
+  step(*mixed, {{2, B.subspan(0, 16)}, {1, A.subspan(0, 5)}, {3, C}}, lm);
+  step(*mixed, {{1, A.subspan(5, 16)}, {2, B.subspan(16, 14)}}, lm);
+  step(*mixed, {{3, std::span<const int32_t>(&a[0], 1)}, {1, A.subspan(21, 16)}}, lm);
+  step(*mixed, {{1, A.subspan(37)}, {2, std::span<const int32_t>(&a[1], 1)}}, lm);
+  ASSERT_EQ(la.size(), size_t(kVocab));
+  ASSERT_EQ(lm.size(), size_t(2 * kVocab));
+  for (int i = 0; i < kVocab; ++i) ASSERT_EQ(la[size_t(i)], lm[size_t(i)]) << "logit " << i;
+}
+
+TEST(EngineScheduler, GreedyBatchOf64EqualsAlone) {
+  const auto reqs = make_requests(64, 12);
+  auto m1 = testing::tiny_model();
+  auto e1 = Engine::create(*m1, testing::tiny_tokenizer(), EngineOptions{});
+  ASSERT_TRUE(e1.ok()) << e1.message();
+  const auto alone = run_alone(**e1, reqs);
+  auto m2 = testing::tiny_model();
+  auto e2 = Engine::create(*m2, testing::tiny_tokenizer(), EngineOptions{});
+  ASSERT_TRUE(e2.ok());
+  const auto together = run_together(**e2, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(alone[i].reason, FinishReason::kLength);
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+    EXPECT_EQ(together[i].text, alone[i].text) << "request " << i;
+    EXPECT_EQ(int64_t(together[i].tokens.size()), int64_t(reqs[i].max_tokens));
+    EXPECT_EQ(together[i].completion_tokens, reqs[i].max_tokens);
+  }
+  EXPECT_GT((*e2)->stats().cache.prefix_hit_tokens, 0);  // the shared prefix was not recomputed
+  expect_pool_empty(*m1, **e1);
+  expect_pool_empty(*m2, **e2);
+}
+
+TEST(EngineScheduler, SeededSamplingBatchEqualsAlone) {
+  const auto reqs = make_requests(16, 10, 0.9f);
+  auto m1 = testing::tiny_model();
+  auto e1 = Engine::create(*m1, testing::tiny_tokenizer(), EngineOptions{});
+  auto m2 = testing::tiny_model();
+  auto e2 = Engine::create(*m2, testing::tiny_tokenizer(), EngineOptions{});
+  ASSERT_TRUE(e1.ok() && e2.ok());
+  const auto alone = run_alone(**e1, reqs);
+  const auto together = run_together(**e2, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+}
+
+TEST(EngineScheduler, PreemptionUnderTinyBudgetCompletesEveryRequest) {
+  const auto reqs = make_requests(24, 60);
+  auto ref_model = testing::tiny_model();
+  auto ref = Engine::create(*ref_model, testing::tiny_tokenizer(), EngineOptions{});
+  ASSERT_TRUE(ref.ok());
+  const auto alone = run_alone(**ref, reqs);
+
+  // About 40 blocks of 16 tokens: a handful of these sequences at a time.
+  auto probe = testing::tiny_model(0, 1);
+  const int64_t block_bytes = probe->cache().stats().block_bytes;
+  auto small = testing::tiny_model(40 * block_bytes, 1);
+  ASSERT_TRUE(small);
+  ASSERT_LE(small->cache().num_blocks(), 41);
+  EngineOptions eo;
+  eo.max_batch = 16;
+  auto e = Engine::create(*small, testing::tiny_tokenizer(), eo);
+  ASSERT_TRUE(e.ok()) << e.message();
+  const auto together = run_together(**e, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(together[i].reason, FinishReason::kLength) << "request " << i;
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+  }
+  EXPECT_GT((*e)->stats().preemptions, 0);
+  expect_pool_empty(*small, **e);
+}
+
+TEST(EngineScheduler, CancellationFreesBlocksAtOnce) {
+  auto m = testing::tiny_model();
+  auto e = Engine::create(*m, testing::tiny_tokenizer(), EngineOptions{});
+  ASSERT_TRUE(e.ok());
+  Request r;
+  for (int i = 0; i < 100; ++i) r.prompt.push_back(i);
+  r.max_tokens = 400;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0;
+  auto h = (*e)->submit(r);
+  ASSERT_TRUE(h.ok());
+  int64_t got = 0;
+  while (got < 3)
+    for (auto& ev : (*h)->wait(std::chrono::milliseconds(100))) got += int64_t(ev.tokens.size());
+  EXPECT_GT((*e)->stats().cache.used_blocks, 0);
+  (*h)->cancel();
+  const Outcome o = drain(**h);
+  EXPECT_EQ(o.reason, FinishReason::kCancelled);
+  EXPECT_LT(o.completion_tokens, 400);
+  // Also a request cancelled while it is still queued.
+  auto q = (*e)->submit(r);
+  ASSERT_TRUE(q.ok());
+  (*q)->cancel();
+  EXPECT_EQ(drain(**q).reason, FinishReason::kCancelled);
+  expect_pool_empty(*m, **e);
+  const auto st = (*e)->stats();
+  EXPECT_EQ(st.requests_cancelled, 2);
+}
+
+TEST(EngineScheduler, ShutdownCancelsInFlight) {
+  auto m = testing::tiny_model();
+  auto e = Engine::create(*m, testing::tiny_tokenizer(), EngineOptions{});
+  ASSERT_TRUE(e.ok());
+  std::vector<std::shared_ptr<RequestHandle>> hs;
+  for (auto& r : make_requests(8, 300)) hs.push_back(*(*e)->submit(r));
+  (*e)->shutdown();
+  for (auto& h : hs) EXPECT_EQ(drain(*h).reason, FinishReason::kCancelled);
+  EXPECT_EQ(m->cache().stats().used_blocks, 0);
+  EXPECT_FALSE((*e)->submit(make_requests(1, 4)[0]).ok());
+}
+
+TEST(EngineScheduler, StopStringsAndValidation) {
+  auto m = testing::tiny_model();
+  auto tok = testing::tiny_tokenizer();
+  auto e = Engine::create(*m, tok, EngineOptions{});
+  ASSERT_TRUE(e.ok());
+  Request r;
+  r.prompt = {97, 98, 99, 100};
+  r.max_tokens = 40;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0;
+  const Outcome full = drain(**(*e)->submit(r));
+  ASSERT_GT(full.text.size(), 8u);
+  // Cut at a stop string taken from the middle of the greedy text.
+  const std::string stop = full.text.substr(full.text.size() / 2, 2);
+  r.stop = {stop};
+  const Outcome cut = drain(**(*e)->submit(r));
+  EXPECT_EQ(cut.reason, FinishReason::kStop);
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+
+  Request bad = r;
+  bad.prompt.clear();
+  EXPECT_FALSE((*e)->submit(bad).ok());
+  bad.prompt = {kVocab};
+  EXPECT_FALSE((*e)->submit(bad).ok());
+  bad.prompt = std::vector<int32_t>(size_t((*e)->max_context()), 1);
+  EXPECT_FALSE((*e)->submit(bad).ok());
+  bad.prompt = {1, 2};
+  bad.max_tokens = (*e)->max_context();
+  EXPECT_FALSE((*e)->submit(bad).ok());
+  bad.max_tokens = 4;
+  bad.sampling.temperature = -1;
+  EXPECT_FALSE((*e)->submit(bad).ok());
+  expect_pool_empty(*m, **e);
+}
+
+TEST(EngineStopStrings, HoldsBackPrefixesAndCutsAtTheEarliest) {
+  StopMatcher s({"END", "xy"});
+  EXPECT_EQ(s.push("abc"), "abc");
+  EXPECT_EQ(s.push("dE"), "d");  // "E" may start "END"
+  EXPECT_EQ(s.push("N"), "");
+  EXPECT_EQ(s.push("Dzz"), "");  // "END" completed
+  EXPECT_TRUE(s.stopped());
+  StopMatcher t({"xyz", "yz"});
+  EXPECT_EQ(t.push("axyz"), "a");
+  StopMatcher u({"zz"});
+  EXPECT_EQ(u.push("az"), "a");
+  EXPECT_EQ(u.flush(), "z");
+}
+
+}  // namespace
+}  // namespace escala::engine
