@@ -57,7 +57,7 @@ Result<GenerationResult> generate(model::Model& model, const model::Tokenizer& t
     if (i + 1 == req.max_tokens) break;  // no forward pass for a token nobody samples
     ESCALA_RETURN_IF_ERROR(model.append(seq, std::span(&tok, 1), logits));
   }
-  if (out.finish_reason == "length") {
+  if (!stops.stopped()) {  // an end-of-generation token or the length: held-back text is final
     const std::string rest = stops.push(decoder.flush()) + stops.flush();
     if (on_text && !rest.empty()) on_text(rest);
     out.text += rest;
