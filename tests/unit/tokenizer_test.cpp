@@ -486,6 +486,19 @@ TEST(SmolLm2Tokenizer, KnownIdsFromLlamaCpp) {
     EXPECT_EQ(*ids, c.ids) << c.text;
     EXPECT_EQ(*t->decode(*ids, {.render_special = true}), c.text);
   }
+  // Random text through the real vocabulary and back, whole and streamed token by token.
+  std::mt19937 rng(7);
+  for (int iter = 0; iter < 200; ++iter) {
+    const std::string text = random_unicode(rng, false);
+    auto ids = t->encode(text, {.add_special = false});
+    ASSERT_TRUE(ids.ok());
+    EXPECT_EQ(*t->decode(*ids), text);
+    StreamDecoder stream(*t);
+    std::string streamed;
+    for (TokenId id : *ids) streamed += *stream.push(id);
+    streamed += stream.flush();
+    EXPECT_EQ(streamed, text);
+  }
   auto chat = ChatTemplate::for_model(*t);
   ASSERT_TRUE(chat.ok()) << chat.message();
   EXPECT_EQ(chat->format(), ChatFormat::kChatMl);
