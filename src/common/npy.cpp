@@ -271,14 +271,15 @@ Result<NpyArray> parse_npy(std::span<const uint8_t> bytes, std::string_view name
     header_len = size_t(bytes[8]) | size_t(bytes[9]) << 8;
     start = 10;
   } else {
-    if (bytes.size() < 12) return fail(name, fmt::format("too short for a .npy {}.0 file ({} bytes)", major, bytes.size()));
+    if (bytes.size() < 12)
+      return fail(name, fmt::format("too short for a .npy {}.0 file ({} bytes)", major, bytes.size()));
     header_len = size_t(bytes[8]) | size_t(bytes[9]) << 8 | size_t(bytes[10]) << 16 | size_t(bytes[11]) << 24;
     start = 12;
   }
   if (header_len == 0) return fail(name, "empty .npy header");
   if (header_len > bytes.size() - start)
-    return fail(name, fmt::format("header length {} runs past the end of the file ({} bytes)", header_len,
-                                  bytes.size()));
+    return fail(name,
+                fmt::format("header length {} runs past the end of the file ({} bytes)", header_len, bytes.size()));
   const std::string_view header(reinterpret_cast<const char*>(bytes.data() + start), header_len);
   for (size_t i = 0; i < header.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(header[i]);
@@ -307,8 +308,8 @@ Result<NpyArray> parse_npy(std::span<const uint8_t> bytes, std::string_view name
       return fail(name, fmt::format("shape {} overflows 64 bits", shape_to_string(a.shape)));
   const size_t data_bytes = bytes.size() - start - header_len;
   if (uint64_t(bytes_needed) != data_bytes)
-    return fail(name, fmt::format("shape {} of {} needs {} data bytes but the file has {}{}",
-                                  shape_to_string(a.shape), npy_type_name(a.dtype), bytes_needed, data_bytes,
+    return fail(name, fmt::format("shape {} of {} needs {} data bytes but the file has {}{}", shape_to_string(a.shape),
+                                  npy_type_name(a.dtype), bytes_needed, data_bytes,
                                   uint64_t(bytes_needed) > data_bytes ? " (truncated?)" : ""));
   a.data.assign(bytes.begin() + ptrdiff_t(start + header_len), bytes.end());
   return a;

@@ -40,7 +40,7 @@ int64_t row_bytes(int64_t head_dim, KvFormat f) { return ceil_div(head_dim * for
 // Per-token scale bytes of one (token, kv head) row.
 int64_t row_scale_bytes(int64_t head_dim, KvFormat f) {
   switch (f) {
-    case KvFormat::kInt8: return 4;                                 // f32 per (token, head)
+    case KvFormat::kInt8: return 4;                                       // f32 per (token, head)
     case KvFormat::kInt4: return 2 * ceil_div(head_dim, kInt4GroupSize);  // f16 per group of 32
     default: return 0;
   }
@@ -246,10 +246,10 @@ Result<Fit> sequences_that_fit(int64_t device_memory, int64_t weights, int64_t b
   ESCALA_CHECK_ARG(bytes_per_sequence >= 1, "kv-plan: bytes per sequence must be >= 1 (got {})", bytes_per_sequence);
   Fit fit;
   if (weights >= device_memory) {
-    fit.message = weights > device_memory
-                      ? fmt::format("the weights alone ({} bytes) do not fit in device memory ({} bytes)", weights,
-                                    device_memory)
-                      : fmt::format("the weights ({} bytes) fill all of device memory; no room for a KV cache", weights);
+    fit.message =
+        weights > device_memory
+            ? fmt::format("the weights alone ({} bytes) do not fit in device memory ({} bytes)", weights, device_memory)
+            : fmt::format("the weights ({} bytes) fill all of device memory; no room for a KV cache", weights);
     return fit;
   }
   fit.free_bytes = device_memory - weights;
@@ -262,8 +262,8 @@ Result<Fit> sequences_that_fit(int64_t device_memory, int64_t weights, int64_t b
 
 Result<int64_t> parse_byte_size(std::string_view text) {
   auto bad = [&](std::string_view why) {
-    return Status::error(fmt::format("invalid size '{}': {} (expected e.g. 80GB, 24GiB, 512MiB or 1000000)",
-                                     text, why));
+    return Status::error(
+        fmt::format("invalid size '{}': {} (expected e.g. 80GB, 24GiB, 512MiB or 1000000)", text, why));
   };
   size_t i = 0;
   unsigned __int128 whole = 0;

@@ -87,8 +87,7 @@ Result<int64_t> token_bytes_per_layer(int64_t num_kv_heads, int64_t head_dim, Kv
 // Scales kept once per block in one layer: fp8's f32 per (block, kv head) for K and V; else 0.
 Result<int64_t> block_scale_bytes_per_layer(int64_t num_kv_heads, KvFormat f);
 // One block: block_size token slots in each of num_layers layers (a layer group), with its scales.
-Result<int64_t> block_bytes(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, KvFormat f,
-                            int64_t block_size);
+Result<int64_t> block_bytes(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, KvFormat f, int64_t block_size);
 // How many whole blocks of `bytes_per_block` fit in `budget_bytes` (budget >= 0).
 Result<int64_t> blocks_in_budget(int64_t budget_bytes, int64_t bytes_per_block);
 

@@ -40,7 +40,8 @@ class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
     static int counter = 0;
-    dir_ = fs::temp_directory_path() / ("escala_cli_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    dir_ =
+        fs::temp_directory_path() / ("escala_cli_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "io");
   }
@@ -327,7 +328,8 @@ TEST_F(CliAttentionTest, VarlenGqaWithEveryOption) {
   p.num_sinks = 1;
   p.softcap = 20.0f;
   p.scale = 0.1f;
-  for (const char* impl : {"flash", "reference", "auto"}) check(random_problem(rng, p), std::string("--impl ") + impl, true);
+  for (const char* impl : {"flash", "reference", "auto"})
+    check(random_problem(rng, p), std::string("--impl ") + impl, true);
 }
 
 TEST_F(CliAttentionTest, HalfPrecisionDecode) {
@@ -404,17 +406,30 @@ TEST_F(CliAttentionTest, BadInputsFailCleanly) {
   ASSERT_TRUE(npy::write_npy(path("v.npy"), to_npy(p.v, {p.tk(), p.h_kv, p.dv}, false)).ok());
   // Damaged and mismatched inputs.
   auto kbytes = *npy::encode_npy(to_npy(p.k, {p.tk(), p.h_kv, p.d}, false));
-  std::ofstream(path("k_trunc.npy"), std::ios::binary).write(reinterpret_cast<const char*>(kbytes.data()), std::streamsize(kbytes.size() - 5));
+  std::ofstream(path("k_trunc.npy"), std::ios::binary)
+      .write(reinterpret_cast<const char*>(kbytes.data()), std::streamsize(kbytes.size() - 5));
   std::ofstream(path("garbage.npy")) << "this is not a numpy file";
   ASSERT_TRUE(npy::write_npy(path("q2d.npy"), to_npy(p.q, {p.tq(), p.h * p.d}, false)).ok());
-  ASSERT_TRUE(npy::write_npy(path("k_short.npy"), to_npy(std::vector<float>(p.k.begin(), p.k.end() - p.h_kv * p.d), {p.tk() - 1, p.h_kv, p.d}, false)).ok());
-  ASSERT_TRUE(npy::write_npy(path("k3.npy"), to_npy(std::vector<float>(size_t(p.tk() * 3 * p.d)), {p.tk(), 3, p.d}, false)).ok());
-  ASSERT_TRUE(npy::write_npy(path("k_d32.npy"), to_npy(std::vector<float>(size_t(p.tk() * p.h_kv * 32)), {p.tk(), p.h_kv, 32}, false)).ok());
+  ASSERT_TRUE(npy::write_npy(path("k_short.npy"), to_npy(std::vector<float>(p.k.begin(), p.k.end() - p.h_kv * p.d),
+                                                         {p.tk() - 1, p.h_kv, p.d}, false))
+                  .ok());
+  ASSERT_TRUE(
+      npy::write_npy(path("k3.npy"), to_npy(std::vector<float>(size_t(p.tk() * 3 * p.d)), {p.tk(), 3, p.d}, false))
+          .ok());
+  ASSERT_TRUE(npy::write_npy(path("k_d32.npy"),
+                             to_npy(std::vector<float>(size_t(p.tk() * p.h_kv * 32)), {p.tk(), p.h_kv, 32}, false))
+                  .ok());
   ASSERT_TRUE(npy::write_npy(path("v16.npy"), to_npy(p.v, {p.tk(), p.h_kv, p.dv}, true)).ok());
   ASSERT_TRUE(npy::write_npy(path("qi.npy"), npy::make_i32({1, 1, 8}, std::vector<int32_t>(8))).ok());
-  ASSERT_TRUE(npy::write_npy(path("q12.npy"), to_npy(std::vector<float>(size_t(p.tq() * p.h * 12)), {p.tq(), p.h, 12}, false)).ok());
-  ASSERT_TRUE(npy::write_npy(path("k12.npy"), to_npy(std::vector<float>(size_t(p.tk() * p.h_kv * 12)), {p.tk(), p.h_kv, 12}, false)).ok());
-  ASSERT_TRUE(npy::write_npy(path("v12.npy"), to_npy(std::vector<float>(size_t(p.tk() * p.h_kv * 12)), {p.tk(), p.h_kv, 12}, false)).ok());
+  ASSERT_TRUE(
+      npy::write_npy(path("q12.npy"), to_npy(std::vector<float>(size_t(p.tq() * p.h * 12)), {p.tq(), p.h, 12}, false))
+          .ok());
+  ASSERT_TRUE(npy::write_npy(path("k12.npy"),
+                             to_npy(std::vector<float>(size_t(p.tk() * p.h_kv * 12)), {p.tk(), p.h_kv, 12}, false))
+                  .ok());
+  ASSERT_TRUE(npy::write_npy(path("v12.npy"),
+                             to_npy(std::vector<float>(size_t(p.tk() * p.h_kv * 12)), {p.tk(), p.h_kv, 12}, false))
+                  .ok());
   ASSERT_TRUE(npy::write_npy(path("sinks3.npy"), npy::make_f32({3}, std::vector<float>(3))).ok());
   ASSERT_TRUE(npy::write_npy(path("cu_f.npy"), npy::make_f32({2}, std::vector<float>{0, 20})).ok());
 
@@ -423,7 +438,8 @@ TEST_F(CliAttentionTest, BadInputsFailCleanly) {
   const std::string base = "attention" + q + k + v + " --out " + out;
   expect_clean_failure("attention" + k + v + " --out " + out, "--q, --k and --v are required", out);
   expect_clean_failure("attention" + q + k + v, "--out is required");
-  expect_clean_failure("attention --q " + path("missing.npy") + k + v + " --out " + out, "missing.npy: cannot open", out);
+  expect_clean_failure("attention --q " + path("missing.npy") + k + v + " --out " + out, "missing.npy: cannot open",
+                       out);
   expect_clean_failure("attention" + q + " --k " + path("k_trunc.npy") + v + " --out " + out, "truncated", out);
   expect_clean_failure("attention" + q + " --k " + path("garbage.npy") + v + " --out " + out, "bad magic", out);
   expect_clean_failure("attention --q " + path("q2d.npy") + k + v + " --out " + out, "[tokens, heads, dim]", out);
@@ -432,9 +448,9 @@ TEST_F(CliAttentionTest, BadInputsFailCleanly) {
   expect_clean_failure("attention" + q + " --k " + path("k3.npy") + v + " --out " + out, "heads", out);
   expect_clean_failure("attention" + q + " --k " + path("k_d32.npy") + v + " --out " + out, "head dim", out);
   expect_clean_failure("attention" + q + k + " --v " + path("v16.npy") + " --out " + out, "same dtype", out);
-  expect_clean_failure("attention --q " + path("q12.npy") + " --k " + path("k12.npy") + " --v " + path("v12.npy") +
-                           " --out " + out,
-                       "multiple of 8", out);
+  expect_clean_failure(
+      "attention --q " + path("q12.npy") + " --k " + path("k12.npy") + " --v " + path("v12.npy") + " --out " + out,
+      "multiple of 8", out);
   // cu_seqlens
   expect_clean_failure(base + " --cu-seqlens-q 0,5,3,20 --cu-seqlens-k 0,3,5,20", "non-decreasing", out);
   expect_clean_failure(base + " --cu-seqlens-q 0,5,8", "ends at 8 but", out);

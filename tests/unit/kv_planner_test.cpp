@@ -108,12 +108,11 @@ TEST(KvPlannerTest, QuantizedFormatsCountTheirScales) {
   // A partial block still has its scales.
   EXPECT_EQ(kv_cache_bytes(m, 17, 1, KvFormat::kFp8)->scales, 2LL * 32 * 2 * 8 * 4);
   auto int4 = *kv_cache_bytes(m, T, 1, KvFormat::kInt4);
-  EXPECT_EQ(int4.data, 2LL * 32 * T * 8 * 64);             // two elements per byte
+  EXPECT_EQ(int4.data, 2LL * 32 * T * 8 * 64);                // two elements per byte
   EXPECT_EQ(int4.scales, 2LL * 32 * T * 8 * (128 / 32) * 2);  // f16 per 32 elements
   // A head dim that is not a multiple of the group rounds the groups up.
   EXPECT_EQ(*token_bytes_per_layer(1, 40, KvFormat::kInt4), 2 * (20 + 2 * 2));
-  for (KvFormat f : {KvFormat::kF32, KvFormat::kF16, KvFormat::kBF16})
-    EXPECT_EQ(kv_cache_bytes(m, T, 1, f)->scales, 0);
+  for (KvFormat f : {KvFormat::kF32, KvFormat::kF16, KvFormat::kBF16}) EXPECT_EQ(kv_cache_bytes(m, T, 1, f)->scales, 0);
 }
 
 TEST(KvPlannerTest, BlocksAndPoolSizing) {

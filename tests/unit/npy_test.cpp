@@ -1,5 +1,7 @@
 // The .npy reader and writer: round trips for every dtype and format version, exact NumPy headers,
 // one clear error for each kind of damage, a mutation fuzz loop, and the atomic write.
+#include "common/npy.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,8 +10,6 @@
 #include <fstream>
 #include <random>
 #include <string>
-
-#include "common/npy.h"
 
 namespace escala::npy {
 namespace {
@@ -21,7 +21,8 @@ class TempDir {
  public:
   TempDir() {
     static int counter = 0;
-    path_ = fs::temp_directory_path() / ("escala_npy_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path_ =
+        fs::temp_directory_path() / ("escala_npy_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -162,8 +163,7 @@ TEST(NpyTest, EachKindOfDamageIsOneClearError) {
   expect_error(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'descr': '<f4'}", 24),
                "appears twice");
   expect_error(with_header("{'descr': '<f4', 'shape': (2, 3), }", 24), "'fortran_order' is missing");
-  expect_error(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}", 24),
-               "unexpected key");
+  expect_error(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}", 24), "unexpected key");
   expect_error(with_header("{'descr': '<f4', 'fortran_order': 0, 'shape': (2, 3), }", 24), "True or False");
   expect_error(with_header("{'descr': '<f\\4', 'fortran_order': False, 'shape': (2, 3), }", 24), "escapes");
   expect_error(with_header("{'descr': '<f4' 'fortran_order': False, 'shape': (2, 3), }", 24), "expected ','");
@@ -205,7 +205,8 @@ TEST(NpyTest, MutationFuzzNeverCrashes) {
         case 4:  // delete a range
           if (!bytes.empty()) {
             const size_t at = rng() % bytes.size();
-            bytes.erase(bytes.begin() + ptrdiff_t(at), bytes.begin() + ptrdiff_t(std::min(bytes.size(), at + 1 + rng() % 8)));
+            bytes.erase(bytes.begin() + ptrdiff_t(at),
+                        bytes.begin() + ptrdiff_t(std::min(bytes.size(), at + 1 + rng() % 8)));
           }
           break;
         case 5:  // rewrite the header-length field
@@ -251,7 +252,8 @@ TEST(NpyTest, FileErrorsNameTheFile) {
   std::mt19937 rng(3);
   auto bytes = *encode_npy(random_array(NpyDType::kF32, {3, 5}, rng));
   for (size_t n = 0; n < bytes.size(); n += 7) {
-    std::ofstream(dir.file("t.npy"), std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(n));
+    std::ofstream(dir.file("t.npy"), std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(n));
     EXPECT_FALSE(read_npy(dir.file("t.npy")).ok()) << n;
   }
 }

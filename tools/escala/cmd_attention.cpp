@@ -44,17 +44,17 @@ Result<NpyArray> read_tensor(const std::string& path, std::string_view what) {
   auto a = npy::read_npy(path);
   if (!a.ok()) return a.status();
   if (a->dtype != NpyDType::kF32 && a->dtype != NpyDType::kF16)
-    return Status::error(fmt::format("{}: {} must be float32 or float16, not {}", path, what, npy::npy_type_name(a->dtype)));
+    return Status::error(
+        fmt::format("{}: {} must be float32 or float16, not {}", path, what, npy::npy_type_name(a->dtype)));
   if (a->shape.size() != 3)
-    return Status::error(fmt::format("{}: {} must have shape [tokens, heads, dim], got {}", path, what, a->shape_string()));
+    return Status::error(
+        fmt::format("{}: {} must have shape [tokens, heads, dim], got {}", path, what, a->shape_string()));
   if (a->shape[0] > kInt32Max || a->shape[1] > kInt32Max || a->shape[2] > kInt32Max)
     return Status::error(fmt::format("{}: {} shape {} is too large", path, what, a->shape_string()));
   return a;
 }
 
-float element(const NpyArray& a, int64_t i) {
-  return a.dtype == NpyDType::kF16 ? f16_to_f32(a.f16()[i]) : a.f32()[i];
-}
+float element(const NpyArray& a, int64_t i) { return a.dtype == NpyDType::kF16 ? f16_to_f32(a.f16()[i]) : a.f32()[i]; }
 
 // cu_seqlens from an int32 .npy file or a comma list ("0,5,12"); checked against the token count.
 Result<std::vector<int32_t>> parse_cu_seqlens(const std::string& text, std::string_view flag, int64_t total,
@@ -72,9 +72,12 @@ Result<std::vector<int32_t>> parse_cu_seqlens(const std::string& text, std::stri
     size_t start = 0;
     while (true) {
       const size_t comma = text.find(',', start);
-      const std::string_view item = std::string_view(text).substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      const std::string_view item =
+          std::string_view(text).substr(start, comma == std::string::npos ? std::string::npos : comma - start);
       auto v = parse_int(item, flag, 0, kInt32Max);
-      if (!v.ok()) return Status::error(fmt::format("{}: '{}' is not a list of offsets like 0,5,12 ({})", flag, text, v.message()));
+      if (!v.ok())
+        return Status::error(
+            fmt::format("{}: '{}' is not a list of offsets like 0,5,12 ({})", flag, text, v.message()));
       cu.push_back(int32_t(*v));
       if (comma == std::string::npos) break;
       start = comma + 1;
@@ -99,9 +102,9 @@ struct KvStore {
 // Where token t of sequence b lives: a row of the contiguous tensor or a slot of a page.
 struct KvLayout {
   int32_t page_size = 0;
-  int64_t num_slots = 0;                  // rows (contiguous) or pages * page_size
-  std::vector<int32_t> page_indptr{0};    // paged only
-  std::vector<int32_t> page_indices;      // paged only
+  int64_t num_slots = 0;                // rows (contiguous) or pages * page_size
+  std::vector<int32_t> page_indptr{0};  // paged only
+  std::vector<int32_t> page_indices;    // paged only
   int64_t slot(const std::vector<int32_t>& cu_k, int b, int64_t t) const {
     if (page_size == 0) return cu_k[b] + t;
     return int64_t(page_indices[page_indptr[b] + t / page_size]) * page_size + t % page_size;
@@ -148,7 +151,8 @@ KvStore store_kv(const NpyArray& src, const std::vector<int32_t>& cu_k, const Kv
         for (int64_t h = 0; h < heads; ++h) {
           float mx = 0;
           for (int64_t t = first; t < last; ++t)
-            for (int64_t c = 0; c < dim; ++c) mx = std::max(mx, std::fabs(element(src, ((cu_k[b] + t) * heads + h) * dim + c)));
+            for (int64_t c = 0; c < dim; ++c)
+              mx = std::max(mx, std::fabs(element(src, ((cu_k[b] + t) * heads + h) * dim + c)));
           const float sc = mx > 0 ? mx / 448.0f : 1.0f;
           s.scale[page * heads + h] = sc;
           for (int64_t t = first; t < last; ++t)
@@ -203,11 +207,16 @@ Status run(const AttentionArgs& a) {
   ESCALA_CHECK_ARG(!a.out.empty(), "--out is required");
   ESCALA_CHECK_ARG(a.lse.empty() || a.lse != a.out, "--out and --lse name the same file");
   attn::CpuOptions opt;
-  if (a.impl == "reference") opt.impl = attn::Impl::kReference;
-  else if (a.impl == "flash") opt.impl = attn::Impl::kFlash;
-  else if (a.impl == "decode") opt.impl = attn::Impl::kDecode;
-  else if (a.impl == "auto") opt.impl = attn::Impl::kAuto;
-  else return Status::error(fmt::format("--impl: unknown '{}' (reference, flash, decode or auto)", a.impl));
+  if (a.impl == "reference")
+    opt.impl = attn::Impl::kReference;
+  else if (a.impl == "flash")
+    opt.impl = attn::Impl::kFlash;
+  else if (a.impl == "decode")
+    opt.impl = attn::Impl::kDecode;
+  else if (a.impl == "auto")
+    opt.impl = attn::Impl::kAuto;
+  else
+    return Status::error(fmt::format("--impl: unknown '{}' (reference, flash, decode or auto)", a.impl));
 
   attn::AttentionParams p;
   auto wl = optional_int(a.window_left, "--window-left", -1, kInt32Max);
@@ -233,7 +242,8 @@ Status run(const AttentionArgs& a) {
   if (a.scale) {
     auto v = parse_number(*a.scale, "--scale");
     if (!v.ok()) return v.status();
-    ESCALA_CHECK_ARG(*v != 0 && std::fabs(*v) <= 3.4e38, "--scale: must be non-zero and finite (omit it for 1/sqrt(dim))");
+    ESCALA_CHECK_ARG(*v != 0 && std::fabs(*v) <= 3.4e38,
+                     "--scale: must be non-zero and finite (omit it for 1/sqrt(dim))");
     p.softmax_scale = float(*v);
   }
   std::optional<DType> kv_dtype;
@@ -270,10 +280,10 @@ Status run(const AttentionArgs& a) {
   if (!a.sink_logits.empty()) {
     auto s = npy::read_npy(a.sink_logits);
     if (!s.ok()) return s.status();
-    ESCALA_CHECK_ARG((s->dtype == NpyDType::kF32 || s->dtype == NpyDType::kF16) && s->shape.size() == 1 &&
-                         s->shape[0] == h,
-                     "{}: sink logits must be a float32 or float16 array of shape ({},), got {} {}", a.sink_logits, h,
-                     npy::npy_type_name(s->dtype), s->shape_string());
+    ESCALA_CHECK_ARG(
+        (s->dtype == NpyDType::kF32 || s->dtype == NpyDType::kF16) && s->shape.size() == 1 && s->shape[0] == h,
+        "{}: sink logits must be a float32 or float16 array of shape ({},), got {} {}", a.sink_logits, h,
+        npy::npy_type_name(s->dtype), s->shape_string());
     for (int64_t i = 0; i < h; ++i) sink_logits.push_back(element(*s, i));
     p.sink_logits = sink_logits.data();
   }
@@ -315,7 +325,8 @@ Status run(const AttentionArgs& a) {
   if (page_size > 0) {
     p.page_size = page_size;
     p.page_indptr = layout.page_indptr.data();
-    p.page_indices = layout.page_indices.empty() ? reinterpret_cast<const int32_t*>(kEmpty) : layout.page_indices.data();
+    p.page_indices =
+        layout.page_indices.empty() ? reinterpret_cast<const int32_t*>(kEmpty) : layout.page_indices.data();
     p.k_page_stride = int64_t(page_size) * p.k_row_stride;
     p.v_page_stride = int64_t(page_size) * p.v_row_stride;
   }
@@ -363,19 +374,26 @@ void add_attention_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--out", args->out, "output O .npy (dtype of Q) [total_q, h, d_v]")->type_name("FILE");
   cmd->add_option("--lse", args->lse, "also write the log-sum-exp .npy, float32 [total_q, h]")->type_name("FILE");
   cmd->add_flag("--causal", args->causal, "causal mask (diagonal aligned to the end of the keys)");
-  cmd->add_option("--window-left", args->window_left, "keys at most N before the query (-1: unbounded)")->type_name("N");
-  cmd->add_option("--window-right", args->window_right, "keys at most N after the query (-1: unbounded)")->type_name("N");
+  cmd->add_option("--window-left", args->window_left, "keys at most N before the query (-1: unbounded)")
+      ->type_name("N");
+  cmd->add_option("--window-right", args->window_right, "keys at most N after the query (-1: unbounded)")
+      ->type_name("N");
   cmd->add_option("--sinks", args->sinks, "the first N keys stay visible whatever the window")->type_name("N");
-  cmd->add_option("--sink-logits", args->sink_logits, "per-head learned sink logit .npy, float32 [h]")->type_name("FILE");
+  cmd->add_option("--sink-logits", args->sink_logits, "per-head learned sink logit .npy, float32 [h]")
+      ->type_name("FILE");
   cmd->add_option("--softcap", args->softcap, "soft-cap the scaled scores: cap * tanh(s / cap)")->type_name("X");
   cmd->add_option("--scale", args->scale, "softmax scale (default 1/sqrt(d))")->type_name("X");
-  cmd->add_option("--cu-seqlens-q", args->cu_q, "query offsets: int32 .npy or a list like 0,5,12")->type_name("LIST|FILE");
-  cmd->add_option("--cu-seqlens-k", args->cu_k, "key offsets: int32 .npy or a list like 0,5,12")->type_name("LIST|FILE");
+  cmd->add_option("--cu-seqlens-q", args->cu_q, "query offsets: int32 .npy or a list like 0,5,12")
+      ->type_name("LIST|FILE");
+  cmd->add_option("--cu-seqlens-k", args->cu_k, "key offsets: int32 .npy or a list like 0,5,12")
+      ->type_name("LIST|FILE");
   cmd->add_option("--impl", args->impl, "reference, flash, decode or auto (default)")->type_name("NAME");
   cmd->add_option("--threads", args->threads, "worker threads (default: all)")->type_name("N");
-  cmd->add_option("--block-size", args->block_size, "lay K/V out as randomly permuted pages of N tokens")->type_name("N");
+  cmd->add_option("--block-size", args->block_size, "lay K/V out as randomly permuted pages of N tokens")
+      ->type_name("N");
   cmd->add_option("--page-seed", args->page_seed, "seed of the page permutation (default 0)")->type_name("S");
-  cmd->add_option("--kv-dtype", args->kv_dtype, "store K/V as f32, f16, bf16, int8 or fp8 (fp8 needs --block-size)")->type_name("DTYPE");
+  cmd->add_option("--kv-dtype", args->kv_dtype, "store K/V as f32, f16, bf16, int8 or fp8 (fp8 needs --block-size)")
+      ->type_name("DTYPE");
   cmd->callback([args, &exit_code] {
     const Status st = run(*args);
     exit_code = st.ok() ? 0 : report_error(st);

@@ -66,11 +66,15 @@ Result<Plan> make_plan(const KvPlanArgs& a) {
   if (a.window) {
     ESCALA_RETURN_IF_ERROR(apply_int(a.window, "--sliding-window", 0, p.model.window));
     // A window on a model without local layers applies to every layer; 0 turns it off.
-    if (p.model.window == 0) p.model.local = kv::LocalLayers::kNone;
-    else if (p.model.local == kv::LocalLayers::kNone) p.model.local = kv::LocalLayers::kAll;
+    if (p.model.window == 0)
+      p.model.local = kv::LocalLayers::kNone;
+    else if (p.model.local == kv::LocalLayers::kNone)
+      p.model.local = kv::LocalLayers::kAll;
   }
   auto fmt_opt = kv::parse_format(a.dtype);
-  if (!fmt_opt) return Status::error(fmt::format("--dtype: unknown cache format '{}' (fp32, fp16, bf16, fp8, int8, int4)", a.dtype));
+  if (!fmt_opt)
+    return Status::error(
+        fmt::format("--dtype: unknown cache format '{}' (fp32, fp16, bf16, fp8, int8, int4)", a.dtype));
   p.format = *fmt_opt;
   if (a.weights && !a.device_memory) return Status::error("--weights needs --device-memory");
   if (a.device_memory) {
@@ -91,7 +95,8 @@ Result<Plan> make_plan(const KvPlanArgs& a) {
 
 std::string describe_layers(const kv::ModelConfig& m) {
   if (m.num_local_layers() == 0) return fmt::format("{} layers", m.num_layers);
-  if (m.num_global_layers() == 0) return fmt::format("{} layers, all with a {}-token sliding window", m.num_layers, m.window);
+  if (m.num_global_layers() == 0)
+    return fmt::format("{} layers, all with a {}-token sliding window", m.num_layers, m.window);
   return fmt::format("{} layers ({} local with a {}-token window, {} global)", m.num_layers, m.num_local_layers(),
                      m.window, m.num_global_layers());
 }
@@ -179,9 +184,8 @@ int run(const KvPlanArgs& args) {
       j["formats"].push_back(e);
     }
     if (fit) {
-      j["fit"] = {{"device_memory", *p.device_memory}, {"weights", *p.weights},
-                  {"free_bytes", fit->free_bytes},     {"bytes_per_sequence", per_sequence},
-                  {"sequences", fit->sequences},       {"message", fit->message}};
+      j["fit"] = {{"device_memory", *p.device_memory},  {"weights", *p.weights},       {"free_bytes", fit->free_bytes},
+                  {"bytes_per_sequence", per_sequence}, {"sequences", fit->sequences}, {"message", fit->message}};
     }
     fmt::print("{}\n", j.dump());
     return 0;
@@ -210,15 +214,17 @@ int run(const KvPlanArgs& args) {
   for (const FormatRow& r : rows)
     fmt::print("{:<10} {:>20} {:>14} {:>20} {:>12}\n", kv::format_name(r.f), r.b.data, r.b.scales, r.b.total,
                kv::format_gib(r.b.total));
-  fmt::print("(int8: f32 scale per token and kv head; fp8: f32 scale per block and kv head; "
-             "int4: f16 scale per {} elements)\n",
-             kv::kInt4GroupSize);
+  fmt::print(
+      "(int8: f32 scale per token and kv head; fp8: f32 scale per block and kv head; "
+      "int4: f16 scale per {} elements)\n",
+      kv::kInt4GroupSize);
 
   if (fit) {
     fmt::print("\ndevice   {} bytes ({} GiB), weights {} bytes ({} GiB), {} bytes per sequence of {} tokens\n",
-               *p.device_memory, kv::format_gib(*p.device_memory), *p.weights, kv::format_gib(*p.weights),
-               per_sequence, p.context);
-    if (fit->sequences == 0) fmt::print("fits     0 sequences: {}\n", fit->message);
+               *p.device_memory, kv::format_gib(*p.device_memory), *p.weights, kv::format_gib(*p.weights), per_sequence,
+               p.context);
+    if (fit->sequences == 0)
+      fmt::print("fits     0 sequences: {}\n", fit->message);
     else
       fmt::print("fits     {} concurrent sequences of {} tokens ({} bytes free for the cache)\n", fit->sequences,
                  p.context, fit->free_bytes);
@@ -231,7 +237,9 @@ int run(const KvPlanArgs& args) {
 void add_kv_plan_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<KvPlanArgs>();
   CLI::App* cmd = app.add_subcommand("kv-plan", "KV-cache size of a model: every format, MHA/GQA/MQA, what fits");
-  cmd->add_option("--preset", args->preset, "llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b, qwen2-7b, gemma-2-9b, smollm2-135m")->type_name("NAME");
+  cmd->add_option("--preset", args->preset,
+                  "llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b, qwen2-7b, gemma-2-9b, smollm2-135m")
+      ->type_name("NAME");
   cmd->add_option("--layers", args->layers, "number of layers L")->type_name("N");
   cmd->add_option("--heads", args->heads, "query heads h")->type_name("N");
   cmd->add_option("--kv-heads", args->kv_heads, "key/value heads h_kv")->type_name("N");
@@ -239,9 +247,11 @@ void add_kv_plan_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--sliding-window", args->window, "window of the local layers in tokens (0: none)")->type_name("N");
   cmd->add_option("--context", args->context, "tokens per sequence T (default: the model's context)")->type_name("T");
   cmd->add_option("--batch", args->batch, "sequences B (default 1)")->type_name("B");
-  cmd->add_option("--dtype", args->dtype, "cache format: fp32, fp16, bf16, fp8, int8, int4 (default fp16)")->type_name("DTYPE");
+  cmd->add_option("--dtype", args->dtype, "cache format: fp32, fp16, bf16, fp8, int8, int4 (default fp16)")
+      ->type_name("DTYPE");
   cmd->add_option("--block-size", args->block_size, "tokens per cache block (default 16)")->type_name("N");
-  cmd->add_option("--device-memory", args->device_memory, "device memory: bytes or with GB/GiB/MB/MiB suffix")->type_name("SIZE");
+  cmd->add_option("--device-memory", args->device_memory, "device memory: bytes or with GB/GiB/MB/MiB suffix")
+      ->type_name("SIZE");
   cmd->add_option("--weights", args->weights, "memory taken by the weights: bytes or with a suffix")->type_name("SIZE");
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args, &exit_code] { exit_code = run(*args); });
