@@ -99,6 +99,7 @@ struct Engine::Impl {
   EngineStats st;
   std::deque<std::pair<Clock::time_point, int64_t>> rate_samples;
   std::vector<float> logits;
+  std::mutex join_mu;  // shutdown() may be called from several threads (signal thread, destructor)
   std::thread thread;
 
   Impl(model::Model& m, const model::Tokenizer& t, const EngineOptions& o)
@@ -201,6 +202,7 @@ void Engine::shutdown() {
     m.stop = true;
   }
   m.cv.notify_all();
+  std::lock_guard join_lock(m.join_mu);
   if (m.thread.joinable()) m.thread.join();
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <pthread.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -82,14 +83,16 @@ Status run_serve(const ServeFlags& f) {
 
   server::HttpServer* srv = server->get();
   engine::Engine* eng = engine->get();
-  std::thread([sigs, srv, eng] {
+  std::atomic<bool> signalled{false};
+  std::thread signal_thread([sigs, srv, eng, &signalled] {
     int sig = 0;
     sigset_t s = sigs;
     if (sigwait(&s, &sig) != 0) return;
-    std::fprintf(stderr, "escala serve: %s received, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    srv->stop();       // stop accepting; streams see the shutdown
-    eng->shutdown();   // cancel whatever is in flight (their blocks are freed)
-  }).detach();
+    if (!signalled.exchange(true))
+      std::fprintf(stderr, "escala serve: %s received, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    srv->stop();      // stop accepting; streams see the shutdown
+    eng->shutdown();  // cancel whatever is in flight (their blocks are freed)
+  });
 
   const auto cs = (*m)->cache().stats();
   std::fprintf(stderr,
@@ -99,6 +102,10 @@ Status run_serve(const ServeFlags& f) {
                (*m)->cache().config().block_size, f.max_batch);
   std::fflush(stderr);
   Status st = srv->listen();
+  // The listener ended (a signal, or an error): make sure the signal thread has run its course
+  // before the engine and server go away.
+  if (!signalled.exchange(true)) pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
   eng->shutdown();
   server->reset();
   engine->reset();
