@@ -1,8 +1,9 @@
 // The CPU decode kernel (also speculative verification: up to 16 queries per sequence).
-// Work items are (sequence, kv head, split of the key range): the query heads of a GQA group and
-// all queries of the sequence are processed together, so each K/V row is read once per group.
-// Splits (Flash-Decoding) give every thread work at batch 1; their partial results are merged
-// exactly through the log-sum-exp.
+// Work items are (sequence, split of the key range), each over every kv head: the query heads of a
+// GQA group and all queries of the sequence are processed together, so each K/V row is read once
+// per group, and an item walks whole rows of the cache (all kv heads of a token are adjacent), which
+// streams memory far better than one head's short runs at a stride. Splits (Flash-Decoding) give
+// every thread work at batch 1; their partial results are merged exactly through the log-sum-exp.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention/cpu/decode.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -34,7 +35,7 @@ constexpr int64_t kMinSplitKeys = 256;  // a split shorter than this costs more 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Geometry {
-  int32_t b, hk;
+  int32_t b;
   int64_t q0, q_len, kv_len;
   int64_t range_begin, range_end;  // keys any query of the sequence may see (window part)
   int64_t sink_end;                // keys [0, sink_end) visited as sinks before the window part
@@ -130,14 +131,15 @@ HWY_ATTR void accumulate_pv(const float* HWY_RESTRICT p, const float* HWY_RESTRI
   }
 }
 
-// One split of one (sequence, kv head): writes normalised partial O rows and their LSE.
+// One split of one sequence, every kv head: writes normalised partial O rows and their LSE.
+// Row r of kv head hk is (query r / group, query head hk * group + r % group).
 HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, Scratch& sc, float* out_o,
                         float* out_lse) {
   const DF df;
   const int L = int(hn::Lanes(df));
   const int d = p.head_dim, dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
-  const int group = p.num_heads / p.num_kv_heads;
-  const int rows = int(g.q_len) * group;  // row r = (query r / group, head hk*group + r % group)
+  const int group = p.num_heads / p.num_kv_heads, nh = p.num_kv_heads;
+  const int rows = int(g.q_len) * group;  // per kv head
   const Mask mask{p.causal, p.window_left, p.window_right, p.num_sinks};
   const KvSeq K = make_kv_seq(p, g.b, false), V = make_kv_seq(p, g.b, true);
   const int64_t pos0 = g.kv_len - g.q_len;  // aligned position of query 0
@@ -146,19 +148,21 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
   const int dp = (d + L - 1) / L * L, dvp = (dv + L - 1) / L * L;
   float* q = sc.q.get();
   const size_t qb = dtype_size(p.q_dtype);
-  for (int r = 0; r < rows; ++r) {
-    const int64_t i = r / group;
-    const int h = g.hk * group + r % group;
-    const auto* src = static_cast<const uint8_t*>(p.q) + ((g.q0 + i) * p.q_row_stride + h * p.q_head_stride) * qb;
-    row_to_f32(src, p.q_dtype, d, effective_scale(p), q + size_t(r) * dp);
-    std::fill(q + size_t(r) * dp + d, q + size_t(r) * dp + dp, 0.0f);
-  }
+  for (int hk = 0; hk < nh; ++hk)
+    for (int r = 0; r < rows; ++r) {
+      const int64_t i = r / group;
+      const int h = hk * group + r % group;
+      float* dst = q + (size_t(hk) * rows + r) * dp;
+      const auto* src = static_cast<const uint8_t*>(p.q) + ((g.q0 + i) * p.q_row_stride + h * p.q_head_stride) * qb;
+      row_to_f32(src, p.q_dtype, d, effective_scale(p), dst);
+      std::fill(dst + d, dst + dp, 0.0f);
+    }
   float* o = sc.o.get();
-  std::fill(o, o + size_t(rows) * dvp, 0.0f);
+  std::fill(o, o + size_t(nh) * rows * dvp, 0.0f);
   float* m = sc.m.get();
   float* l = sc.l.get();
-  std::fill(m, m + rows, kNegInf);
-  std::fill(l, l + rows, 0.0f);
+  std::fill(m, m + nh * rows, kNegInf);
+  std::fill(l, l + nh * rows, 0.0f);
 
   // This split's share of the visited keys: sinks first, then the window part.
   const int64_t total = g.sink_end + (g.range_end - g.range_begin);
@@ -176,55 +180,61 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
     if (v0 < g.sink_end) v1 = std::min(v1, g.sink_end);
     const int nk = int(v1 - v0);
     const int64_t j0 = key_of(v0);
-    load_kv_tile(K, g.hk, j0, j0 + nk, d, nk, kf, dp, p.rope_inv_freq, p.rope_neox);
-    load_kv_tile(V, g.hk, j0, j0 + nk, dv, nk, vf, dvp);
-    if (dp != d)
-      for (int j = 0; j < nk; ++j) std::fill(kf + size_t(j) * dp + d, kf + size_t(j) * dp + dp, 0.0f);
-    if (dvp != dv)
-      for (int j = 0; j < nk; ++j) std::fill(vf + size_t(j) * dvp + dv, vf + size_t(j) * dvp + dvp, 0.0f);
-    scores(q, kf, rows, nk, dp, s);
     // Per-element masking only when some (query, key) pair of the block may be invisible.
     const int64_t jl = j0 + nk - 1, pos_hi = pos0 + g.q_len - 1;
     const bool full = (!p.causal || jl <= pos0) &&
                       (p.window_left < 0 || j0 >= pos_hi - p.window_left || jl < p.num_sinks) &&
                       (p.window_right < 0 || jl <= pos0 + p.window_right || jl < p.num_sinks);
     const int nkp = (nk + L - 1) / L * L;  // scores padded to whole vectors with -inf
-    for (int r = 0; r < rows; ++r) {
-      float* sr = s + size_t(r) * kBlock;
-      if (p.softcap > 0.0f) {
-        const VF cap = hn::Set(df, p.softcap), inv = hn::Set(df, 1.0f / p.softcap);
-        for (int j = 0; j < nkp; j += L)
-          hn::Store(hn::Mul(cap, hn::Tanh(df, hn::Mul(hn::Load(df, sr + j), inv))), df, sr + j);
+    for (int hk = 0; hk < nh; ++hk) {
+      float* qh = q + size_t(hk) * rows * dp;
+      float* oh = o + size_t(hk) * rows * dvp;
+      float* mh = m + hk * rows;
+      float* lh = l + hk * rows;
+      load_kv_tile(K, hk, j0, j0 + nk, d, nk, kf, dp, p.rope_inv_freq, p.rope_neox);
+      load_kv_tile(V, hk, j0, j0 + nk, dv, nk, vf, dvp);
+      if (dp != d)
+        for (int j = 0; j < nk; ++j) std::fill(kf + size_t(j) * dp + d, kf + size_t(j) * dp + dp, 0.0f);
+      if (dvp != dv)
+        for (int j = 0; j < nk; ++j) std::fill(vf + size_t(j) * dvp + dv, vf + size_t(j) * dvp + dvp, 0.0f);
+      scores(qh, kf, rows, nk, dp, s);
+      for (int r = 0; r < rows; ++r) {
+        float* sr = s + size_t(r) * kBlock;
+        if (p.softcap > 0.0f) {
+          const VF cap = hn::Set(df, p.softcap), inv = hn::Set(df, 1.0f / p.softcap);
+          for (int j = 0; j < nkp; j += L)
+            hn::Store(hn::Mul(cap, hn::Tanh(df, hn::Mul(hn::Load(df, sr + j), inv))), df, sr + j);
+        }
+        for (int j = nk; j < nkp; ++j) sr[j] = kNegInf;  // after the soft-cap, which would make it finite
+        if (!full) {
+          const int64_t pos = pos0 + r / group;
+          for (int j = 0; j < nk; ++j)
+            if (!mask.visible(pos, j0 + j)) sr[j] = kNegInf;
+        }
+        VF vmax = hn::Set(df, mh[r]);
+        for (int j = 0; j < nkp; j += L) vmax = hn::Max(vmax, hn::Load(df, sr + j));
+        const float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
+        if (mx == kNegInf) {  // nothing visible yet for this row: weights 0, state unchanged
+          alpha[r] = 1.0f;
+          std::fill(sr, sr + nkp, 0.0f);
+          continue;
+        }
+        alpha[r] = std::exp(mh[r] - mx);
+        const VF vm = hn::Set(df, mx);
+        VF sum = hn::Zero(df);
+        for (int j = 0; j < nkp; j += L) {
+          const VF e = hn::Exp(df, hn::Sub(hn::Load(df, sr + j), vm));
+          sum = hn::Add(sum, e);
+          hn::Store(e, df, sr + j);
+        }
+        lh[r] = lh[r] * alpha[r] + hn::GetLane(hn::SumOfLanes(df, sum));
+        mh[r] = mx;
       }
-      for (int j = nk; j < nkp; ++j) sr[j] = kNegInf;  // after the soft-cap, which would make it finite
-      if (!full) {
-        const int64_t pos = pos0 + r / group;
-        for (int j = 0; j < nk; ++j)
-          if (!mask.visible(pos, j0 + j)) sr[j] = kNegInf;
-      }
-      VF vmax = hn::Set(df, m[r]);
-      for (int j = 0; j < nkp; j += L) vmax = hn::Max(vmax, hn::Load(df, sr + j));
-      const float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
-      if (mx == kNegInf) {  // nothing visible yet for this row: weights 0, state unchanged
-        alpha[r] = 1.0f;
-        std::fill(sr, sr + nkp, 0.0f);
-        continue;
-      }
-      alpha[r] = std::exp(m[r] - mx);
-      const VF vm = hn::Set(df, mx);
-      VF sum = hn::Zero(df);
-      for (int j = 0; j < nkp; j += L) {
-        const VF e = hn::Exp(df, hn::Sub(hn::Load(df, sr + j), vm));
-        sum = hn::Add(sum, e);
-        hn::Store(e, df, sr + j);
-      }
-      l[r] = l[r] * alpha[r] + hn::GetLane(hn::SumOfLanes(df, sum));
-      m[r] = mx;
+      accumulate_pv(s, vf, alpha, rows, nk, dvp, oh);
     }
-    accumulate_pv(s, vf, alpha, rows, nk, dvp, o);
     v0 = v1;
   }
-  for (int r = 0; r < rows; ++r) {
+  for (int r = 0; r < nh * rows; ++r) {
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     for (int c = 0; c < dv; ++c) out_o[size_t(r) * dv + c] = o[size_t(r) * dvp + c] * inv;
     out_lse[r] = l[r] > 0.0f ? m[r] + std::log(l[r]) : kNegInf;
@@ -239,9 +249,9 @@ HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int
   const int threads = num_threads > 0 ? num_threads : omp_get_max_threads();
   const Mask mask{p.causal, p.window_left, p.window_right, p.num_sinks};
 
-  // Geometry per (sequence, kv head) and the split count.
+  // Geometry per sequence and its split count.
   std::vector<Geometry> geo;
-  int max_rows = 0;
+  int max_rows = 0;  // rows of one item: every kv head's (queries x group)
   for (int32_t b = 0; b < p.batch; ++b) {
     Geometry g{};
     g.b = b;
@@ -253,24 +263,17 @@ HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int
     g.range_end = mask.key_end(pos_hi, g.kv_len);
     g.range_begin = std::min(mask.window_begin(pos_lo), g.range_end);
     g.sink_end = std::min<int64_t>(p.num_sinks, g.range_begin);
-    max_rows = std::max(max_rows, int(g.q_len) * group);
-    // Splits from this sequence alone (its length, the heads, the threads), never from the rest
-    // of the batch: enough items to keep every thread busy, none shorter than kMinSplitKeys.
+    max_rows = std::max(max_rows, int(g.q_len) * p.num_heads);
+    // Splits from this sequence alone (its length and the threads), never from the rest of the
+    // batch: enough items to keep every thread busy, none shorter than kMinSplitKeys.
     const int64_t keys = g.sink_end + g.range_end - g.range_begin;
-    if (num_splits > 0) {
-      g.splits = num_splits;
-    } else {
-      const int64_t want = (2 * int64_t(threads) + p.num_kv_heads - 1) / p.num_kv_heads;
-      g.splits = int(std::clamp<int64_t>(std::min<int64_t>(want, keys / kMinSplitKeys), 1, 256));
-    }
-    for (int32_t hk = 0; hk < p.num_kv_heads; ++hk) {
-      g.hk = hk;
-      geo.push_back(g);
-    }
+    g.splits = num_splits > 0 ? num_splits
+                              : int(std::clamp<int64_t>(std::min<int64_t>(2 * int64_t(threads), keys / kMinSplitKeys), 1, 256));
+    geo.push_back(g);
   }
   if (geo.empty()) return;
 
-  // Partials: one slot of [rows][dv] and [rows] per (geometry, split).
+  // Partials: one slot of [rows][dv] and [rows] per (sequence, split).
   std::vector<int64_t> first_item(geo.size() + 1, 0);
   for (size_t gi = 0; gi < geo.size(); ++gi) first_item[gi + 1] = first_item[gi] + geo[gi].splits;
   const int64_t n_items = first_item.back();
@@ -294,10 +297,10 @@ HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int
   std::vector<float> acc(dv);
   for (size_t gi = 0; gi < geo.size(); ++gi) {
     const Geometry& g = geo[gi];
-    const int rows = int(g.q_len) * group;
-    for (int r = 0; r < rows; ++r) {
-      const int64_t i = r / group;
-      const int h = g.hk * group + r % group;
+    const int rows = int(g.q_len) * group;  // per kv head
+    for (int r = 0; r < rows * p.num_kv_heads; ++r) {
+      const int64_t i = (r % rows) / group;
+      const int h = (r / rows) * group + (r % rows) % group;
       float lse = kNegInf;
       for (int sp = 0; sp < g.splits; ++sp) {
         const size_t it = size_t(first_item[gi] + sp);
