@@ -48,8 +48,8 @@ Result<const GgufTensor*> matrix_tensor(const GgufFile& f, const std::string& na
   return t;
 }
 
-void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
-#pragma omp parallel for schedule(static) if (rows > 4)
+void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 4)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     double ss = 0;
@@ -186,7 +186,7 @@ Status Model::Impl::forward(std::span<const StepSequence> batch, std::vector<flo
 
   for (uint32_t li = 0; li < a.block_count; ++li) {
     const LayerWeights& L = layers[li];
-    rms_norm(x.data(), reinterpret_cast<const float*>(L.attn_norm->data), xn.data(), total, n, eps);
+    rms_norm(x.data(), reinterpret_cast<const float*>(L.attn_norm->data), xn.data(), total, n, eps, threads());
     ESCALA_RETURN_IF_ERROR(matmul_into(L.q, xn.data(), total, q.data()));
     ESCALA_RETURN_IF_ERROR(matmul_into(L.k, xn.data(), total, k.data()));
     ESCALA_RETURN_IF_ERROR(matmul_into(L.v, xn.data(), total, v.data()));
@@ -234,10 +234,10 @@ Status Model::Impl::forward(std::span<const StepSequence> batch, std::vector<flo
     ESCALA_RETURN_IF_ERROR(attn::attention(p, copt));
 
     ESCALA_RETURN_IF_ERROR(matmul_into(L.o, att.data(), total, tmp.data()));
-    if (L.post_attn_norm) rms_norm(tmp.data(), reinterpret_cast<const float*>(L.post_attn_norm->data), tmp.data(), total, n, eps);
+    if (L.post_attn_norm) rms_norm(tmp.data(), reinterpret_cast<const float*>(L.post_attn_norm->data), tmp.data(), total, n, eps, threads());
     for (int64_t i = 0; i < total * n; ++i) x[i] += tmp[i];
 
-    rms_norm(x.data(), reinterpret_cast<const float*>(L.ffn_norm->data), xn.data(), total, n, eps);
+    rms_norm(x.data(), reinterpret_cast<const float*>(L.ffn_norm->data), xn.data(), total, n, eps, threads());
     ESCALA_RETURN_IF_ERROR(matmul_into(L.gate, xn.data(), total, gate.data()));
     ESCALA_RETURN_IF_ERROR(matmul_into(L.up, xn.data(), total, up.data()));
     if (arch == Arch::kGemma2) {
@@ -246,7 +246,7 @@ Status Model::Impl::forward(std::span<const StepSequence> batch, std::vector<flo
       for (int64_t i = 0; i < total * ff; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
     }
     ESCALA_RETURN_IF_ERROR(matmul_into(L.down, gate.data(), total, tmp.data()));
-    if (L.post_ffn_norm) rms_norm(tmp.data(), reinterpret_cast<const float*>(L.post_ffn_norm->data), tmp.data(), total, n, eps);
+    if (L.post_ffn_norm) rms_norm(tmp.data(), reinterpret_cast<const float*>(L.post_ffn_norm->data), tmp.data(), total, n, eps, threads());
     for (int64_t i = 0; i < total * n; ++i) x[i] += tmp[i];
   }
 
@@ -257,7 +257,7 @@ Status Model::Impl::forward(std::span<const StepSequence> batch, std::vector<flo
   for (const auto& s : batch) {
     at += int64_t(s.tokens.size());
     if (s.want_logits) rms_norm(x.data() + (at - 1) * n, reinterpret_cast<const float*>(out_norm->data),
-                                last.data() + (w++) * n, 1, n, eps);
+                                last.data() + (w++) * n, 1, n, eps, threads());
   }
   logits.resize(size_t(want) * info.vocab_size);
   if (want > 0) ESCALA_RETURN_IF_ERROR(matmul_into(output, last.data(), want, logits.data()));
