@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/ceilings.h"
+#include "bench/timing.h"
 #include "common/numeric.h"
 #include "escala/attention.h"
 #include "escala/kv_cache.h"
@@ -27,17 +28,7 @@ using namespace escala;
 
 constexpr int kH = 32, kHkv = 8, kD = 128, kBs = 16;
 
-double median_seconds(int runs, const std::function<void()>& fn) {
-  fn();
-  std::vector<double> t;
-  for (int i = 0; i < runs; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using bench::median_seconds;
 
 void check(const Status& st) {
   if (!st.ok()) {

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "bench/timing.h"
 #include "bench/ceilings.h"
 #include "commands.h"
 #include "common/numeric.h"
@@ -90,18 +91,7 @@ struct Inputs {
   }
 };
 
-// Median wall time of `runs` calls (after one warm-up).
-double median_seconds(int runs, const std::function<void()>& fn) {
-  fn();
-  std::vector<double> t;
-  for (int i = 0; i < runs; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using bench::median_seconds;
 
 // FLOPs of the visible scores: 2*d for QK and 2*d for PV per visible (query, key) pair.
 double prefill_flops(const Problem& p) {
