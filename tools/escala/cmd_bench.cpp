@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "bench/timing.h"
 #include "bench/ceilings.h"
+#include "bench/timing.h"
 #include "commands.h"
 #include "common/numeric.h"
 #include "escala/attention.h"
