@@ -75,7 +75,8 @@ Status run_generate(const GenerateFlags& f) {
     std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return {};
   }
-  std::fprintf(stdout, "\n");
+  std::fputs("\n", stdout);
+  std::fflush(stdout);  // the timing line goes to stderr: keep it after the text
   std::fprintf(stderr,
                "[escala] prompt %lld tokens, %.1f tokens/s | generated %zu tokens, %.1f tokens/s | KV cache %lld bytes "
                "in use (%s) | finish: %s\n",
