@@ -52,6 +52,7 @@ def main() -> int:
     ap.add_argument("--tie", type=float, default=0.05, help="top-2 logit gap counted as a near-tie")
     ap.add_argument("--logit-tol", type=float, default=0.15, help="max |logit difference| on the top 20")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv-type", default="f16", help="Escala's KV cache type (llama.cpp's default cache is f16)")
     args = ap.parse_args()
     try:
         import llama_cpp  # noqa: F401
@@ -66,7 +67,7 @@ def main() -> int:
     max_logit_diff = 0.0
     for prompt in PROMPTS:
         out = subprocess.run([args.escala, "generate", "--model", args.model, "--prompt", prompt, "-n", str(args.n),
-                              "--temp", "0", "--json", "--threads", str(args.threads), "--kv-type", "f32"],
+                              "--temp", "0", "--json", "--threads", str(args.threads), "--kv-type", args.kv_type],
                              capture_output=True, text=True, check=True)
         ours = json.loads(out.stdout)
         ids = ours["prompt_tokens"]
