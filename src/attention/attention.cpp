@@ -17,11 +17,6 @@ bool short_queries(const AttentionParams& p) {
   return true;
 }
 
-bool long_queries(const AttentionParams& p) {
-  for (int b = 0; b < p.batch; ++b)
-    if (p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] > kDecodeMaxQueries) return true;
-  return false;
-}
 }  // namespace
 
 Status attention(const AttentionParams& p, const CpuOptions& options) {
@@ -35,11 +30,11 @@ Status attention(const AttentionParams& p, const CpuOptions& options) {
     // Per sequence: short query runs go to the decode kernel, the rest to the flash kernel, so a
     // sequence's result never depends on what else is in the batch.
     const cpu::SeqRange short_range{0, kDecodeMaxQueries}, long_range{kDecodeMaxQueries + 1};
-    if (!long_queries(p)) {
+    if (short_queries(p)) {
       cpu::decode_attention(p, options.num_threads, options.num_splits);
     } else {
       cpu::flash_attention(p, options.num_threads, long_range);
-      if (!short_queries(p) && p.batch > 1) cpu::decode_attention(p, options.num_threads, options.num_splits, short_range);
+      if (p.batch > 1) cpu::decode_attention(p, options.num_threads, options.num_splits, short_range);
     }
     return {};
   }
