@@ -16,6 +16,9 @@ JOBS="${ESCALA_JOBS:-$(nproc)}"
 # manager, streaming and paged attention, and the CLI end-to-end tests.
 SANITIZE_FILTER="${ESCALA_SANITIZE_FILTER:-^(Npy|Kv|Cli)}"
 
+# The end-to-end server tests run the default model: fetch it if this checkout lacks it.
+scripts/fetch_model.sh
+
 start=$(date +%s)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DESCALA_WERROR=ON
 cmake --build build -j "$JOBS"
