@@ -85,7 +85,7 @@ ESCALA_HD void apply_rope(T* x, int32_t d, int64_t pos, const float* inv_freq, b
 }
 
 // Reads element c of a float-typed (f32/f16/bf16) row.
-ESCALA_HD float load_float(const void* row, DType t, int32_t c) {
+ESCALA_HD float load_float(const void* row, DType t, int64_t c) {
   switch (t) {
     case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(row)[c]);
     case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(row)[c]);
@@ -93,7 +93,7 @@ ESCALA_HD float load_float(const void* row, DType t, int32_t c) {
   }
 }
 
-ESCALA_HD void store_float(void* row, DType t, int32_t c, float v) {
+ESCALA_HD void store_float(void* row, DType t, int64_t c, float v) {
   switch (t) {
     case DType::kF16: static_cast<uint16_t*>(row)[c] = f32_to_f16(v); break;
     case DType::kBF16: static_cast<uint16_t*>(row)[c] = f32_to_bf16(v); break;

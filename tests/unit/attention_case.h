@@ -83,13 +83,7 @@ struct AttnBuffers {
   }
 };
 
-inline void store_as(uint8_t* base, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kF16: reinterpret_cast<uint16_t*>(base)[i] = f32_to_f16(v); break;
-    case DType::kBF16: reinterpret_cast<uint16_t*>(base)[i] = f32_to_bf16(v); break;
-    default: reinterpret_cast<float*>(base)[i] = v; break;
-  }
-}
+inline void store_as(uint8_t* base, DType t, int64_t i, float v) { attn::store_float(base, t, i, v); }
 
 // Fills a KV tensor (contiguous rows or pages) with random values, quantizing when asked:
 // int8 scale per (slot, head) = maxabs/127; fp8 scale per (page, head) = maxabs/448.
@@ -175,12 +169,6 @@ inline std::vector<uint8_t> poisoned_output(const AttnBuffers& b) {
   return o;
 }
 
-inline float output_at(const std::vector<uint8_t>& o, DType t, int64_t i) {
-  switch (t) {
-    case DType::kF16: return f16_to_f32(reinterpret_cast<const uint16_t*>(o.data())[i]);
-    case DType::kBF16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(o.data())[i]);
-    default: return reinterpret_cast<const float*>(o.data())[i];
-  }
-}
+inline float output_at(const std::vector<uint8_t>& o, DType t, int64_t i) { return attn::load_float(o.data(), t, i); }
 
 }  // namespace escala::test
