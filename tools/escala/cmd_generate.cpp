@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <cstdio>
 
 #include "commands.h"
@@ -18,11 +19,31 @@ struct GenerateFlags {
   ModelFlags model;
   SamplingFlags sampling;
   std::string prompt;
+  std::string prompt_ids;  // comma-separated token ids, instead of text (benchmarks: exact lengths)
   bool chat = false;  // wrap the prompt as one user turn of the model's chat template
   bool json = false;  // one JSON object instead of streamed text (scripts, comparisons)
 };
 
+// "1,2,3" -> {1, 2, 3}; ids are checked against the vocabulary by the model.
+Result<std::vector<int32_t>> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t at = 0;
+  while (at <= s.size()) {
+    size_t end = s.find(',', at);
+    if (end == std::string::npos) end = s.size();
+    int32_t v = 0;
+    auto [ptr, ec] = std::from_chars(s.data() + at, s.data() + end, v);
+    if (ec != std::errc() || ptr != s.data() + end || v < 0)
+      return Status::error(fmt::format("--prompt-ids expects comma-separated token ids (bad entry at offset {})", at));
+    ids.push_back(v);
+    at = end + 1;
+  }
+  return ids;
+}
+
 Status run_generate(const GenerateFlags& f) {
+  if (f.prompt.empty() == f.prompt_ids.empty()) return Status::error("give exactly one of --prompt and --prompt-ids");
+  if (!f.prompt_ids.empty() && f.chat) return Status::error("--chat needs --prompt (text), not --prompt-ids");
   auto lm = load_model(f.model);
   if (!lm.ok()) return lm.status();
   std::string text = f.prompt;
@@ -36,14 +57,18 @@ Status run_generate(const GenerateFlags& f) {
     text = *r;
     eo.parse_special = true;
   }
-  auto ids = lm->tokenizer.encode(text, eo);
+  auto ids = f.prompt_ids.empty() ? lm->tokenizer.encode(text, eo) : parse_ids(f.prompt_ids);
   if (!ids.ok()) return ids.status();
+  for (int32_t id : *ids)
+    if (id >= lm->model->info().vocab_size)
+      return Status::error(fmt::format("--prompt-ids: token id {} is outside the vocabulary ({})", id,
+                                       lm->model->info().vocab_size));
   engine::GenerationRequest req;
   req.prompt = *ids;
   req.sampling = f.sampling.params;
   req.max_tokens = f.sampling.max_tokens;
   req.stop = f.sampling.stop;
-  if (!f.chat && !f.json) {
+  if (!f.chat && !f.json && f.prompt_ids.empty()) {
     std::fputs(f.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
@@ -71,6 +96,10 @@ Status run_generate(const GenerateFlags& f) {
     j["first_logits_top"] = tops;
     j["prompt_tokens_per_s"] = double(res->prompt_tokens) / std::max(1e-9, res->prompt_seconds);
     j["generated_tokens_per_s"] = double(res->tokens.size()) / std::max(1e-9, res->generation_seconds);
+    // Raw timings: the first generated token comes from the prompt's logits, so a run of N tokens
+    // makes N - 1 decode steps in generation_seconds.
+    j["prompt_seconds"] = res->prompt_seconds;
+    j["generation_seconds"] = res->generation_seconds;
     j["kv_bytes_in_use"] = st.bytes_in_use;
     std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return {};
@@ -90,7 +119,8 @@ Status run_generate(const GenerateFlags& f) {
 void add_generate_command(CLI::App& app, int& exit_code) {
   static GenerateFlags flags;
   auto* cmd = app.add_subcommand("generate", "Complete a prompt with a GGUF model (default: SmolLM2-135M-Instruct)");
-  cmd->add_option("--prompt,-p", flags.prompt, "Prompt text")->required();
+  cmd->add_option("--prompt,-p", flags.prompt, "Prompt text");
+  cmd->add_option("--prompt-ids", flags.prompt_ids, "Prompt as comma-separated token ids (instead of --prompt)");
   cmd->add_flag("--chat", flags.chat, "Apply the model's chat template to the prompt (one user turn)");
   cmd->add_flag("--json", flags.json, "Print one JSON object (token ids, text, top first-position logits, speeds)");
   add_model_flags(*cmd, flags.model);
