@@ -17,6 +17,9 @@ namespace escala::model {
 
 namespace {
 
+// Tokens per forward step when append() runs a long prompt.
+constexpr int64_t kPrefillChunk = 512;
+
 struct LayerWeights {
   const GgufTensor *attn_norm = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
   const GgufTensor *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;          // qwen2
@@ -346,15 +349,30 @@ Status Model::append(kv::SeqId seq, std::span<const int32_t> tokens, std::vector
     if (!hit.ok()) return hit.status();
     rest = tokens.subspan(size_t(*hit));
   }
-  kv::AppendRequest req{seq, rest};
-  auto plan = c.prepare_append(std::span(&req, 1));
-  if (!plan.ok()) return plan.status();
-  if (!plan->fits())
+  if (rest.empty()) return Status::error("model: append() needs at least one new token");
+  // The whole append must fit before any of it runs (prepare_append changes nothing).
+  kv::AppendRequest whole{seq, rest};
+  auto check = c.prepare_append(std::span(&whole, 1));
+  if (!check.ok()) return check.status();
+  if (!check->fits())
     return Status::error(fmt::format("model: the KV cache is full ({} blocks short); raise the KV budget or use --streaming",
-                                     plan->blocks_short));
-  ESCALA_RETURN_IF_ERROR(c.apply(*plan));
-  StepSequence s{seq, rest, true};
-  return impl_->forward(std::span(&s, 1), logits);
+                                     check->blocks_short));
+  // A long prompt runs in chunks (llama.cpp's micro-batches): the activations of one step grow with
+  // its token count (~27 KB per token for SmolLM2, 110 MB for a 4096-token prompt in one step), while
+  // the weights are streamed once per step either way. Only the last chunk's logits are computed.
+  while (!rest.empty()) {
+    const size_t cnt = std::min(rest.size(), size_t(kPrefillChunk));
+    const std::span<const int32_t> part = rest.first(cnt);
+    kv::AppendRequest req{seq, part};
+    auto plan = c.prepare_append(std::span(&req, 1));
+    if (!plan.ok()) return plan.status();
+    if (!plan->fits()) return Status::error("model: the KV cache ran out of blocks during a chunked append");
+    ESCALA_RETURN_IF_ERROR(c.apply(*plan));
+    StepSequence s{seq, part, cnt == rest.size()};
+    ESCALA_RETURN_IF_ERROR(impl_->forward(std::span(&s, 1), logits));
+    rest = rest.subspan(cnt);
+  }
+  return {};
 }
 
 }  // namespace escala::model
