@@ -82,6 +82,7 @@ struct Model::Impl {
   // Activations, grown on demand (never per token).
   std::vector<float> x, xn, q, k, v, att, tmp, gate, up, last;
   std::vector<int64_t> pos_true, pos_q;
+  RopeTable rope_q;  // cos/sin at pos_q, built once per step
 
   int threads() const { return options.threads > 0 ? options.threads : omp_get_max_threads(); }
 
@@ -183,6 +184,7 @@ Status Model::Impl::forward(std::span<const StepSequence> batch, std::vector<flo
     const float sc = std::sqrt(float(n));
     for (auto& e : x) e *= sc;
   }
+  build_rope_table(rope, pos_q, rope_q);  // once per step, for every layer
   auto kvb = cache->batch(seqs);
   if (!kvb.ok()) return kvb.status();
   const float eps = a.rms_norm_eps;
@@ -203,8 +205,9 @@ Status Model::Impl::forward(std::span<const StepSequence> batch, std::vector<flo
       add(k, L.k_bias, hk * hd);
       add(v, L.v_bias, hk * hd);
     }
-    apply_rope(rope, q.data(), total, int32_t(h), int32_t(hd), pos_q);
-    if (!keys_pre_rope) apply_rope(rope, k.data(), total, int32_t(hk), int32_t(hd), pos_true);
+    // Without --streaming the queries' positions are the keys' (pos_q == pos_true): one table.
+    apply_rope(rope_q, rope.neox, q.data(), total, int32_t(h), int32_t(hd));
+    if (!keys_pre_rope) apply_rope(rope_q, rope.neox, k.data(), total, int32_t(hk), int32_t(hd));
     at = 0;
     for (const auto& s : batch) {
       const int64_t cnt = int64_t(s.tokens.size());

@@ -64,26 +64,52 @@ Result<RopeConfig> read_rope_config(const GgufFile& f, const ArchParams& a, bool
   return r;
 }
 
-void apply_rope(const RopeConfig& rope, float* x, int64_t rows, int32_t heads, int32_t head_dim,
-                std::span<const int64_t> positions) {
+void build_rope_table(const RopeConfig& rope, std::span<const int64_t> positions, RopeTable& t) {
   const int half = rope.dims / 2;
-  std::vector<float> cs(half), sn(half);
-  for (int64_t r = 0; r < rows; ++r) {
+  t.half = half;
+  t.cs.resize(positions.size() * size_t(half));
+  t.sn.resize(positions.size() * size_t(half));
+  for (size_t r = 0; r < positions.size(); ++r) {
+    float* cs = t.cs.data() + r * size_t(half);
+    float* sn = t.sn.data() + r * size_t(half);
     for (int i = 0; i < half; ++i) {
       const double ang = double(positions[r]) * double(rope.inv_freq[i]);
       cs[i] = float(std::cos(ang)) * rope.attn_factor;
       sn[i] = float(std::sin(ang)) * rope.attn_factor;
     }
+  }
+}
+
+void apply_rope(const RopeTable& t, bool neox, float* x, int64_t rows, int32_t heads, int32_t head_dim) {
+  const int half = t.half;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* cs = t.cs.data() + r * half;
+    const float* sn = t.sn.data() + r * half;
     for (int h = 0; h < heads; ++h) {
       float* v = x + (r * heads + h) * head_dim;
-      for (int i = 0; i < half; ++i) {
-        const int a = rope.neox ? i : 2 * i, b = rope.neox ? i + half : 2 * i + 1;
-        const float x0 = v[a], x1 = v[b];
-        v[a] = x0 * cs[i] - x1 * sn[i];
-        v[b] = x0 * sn[i] + x1 * cs[i];
+      if (neox) {
+        float* v1 = v + half;
+        for (int i = 0; i < half; ++i) {
+          const float x0 = v[i], x1 = v1[i];
+          v[i] = x0 * cs[i] - x1 * sn[i];
+          v1[i] = x0 * sn[i] + x1 * cs[i];
+        }
+      } else {
+        for (int i = 0; i < half; ++i) {
+          const float x0 = v[2 * i], x1 = v[2 * i + 1];
+          v[2 * i] = x0 * cs[i] - x1 * sn[i];
+          v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+        }
       }
     }
   }
+}
+
+void apply_rope(const RopeConfig& rope, float* x, int64_t rows, int32_t heads, int32_t head_dim,
+                std::span<const int64_t> positions) {
+  RopeTable t;
+  build_rope_table(rope, positions.first(size_t(rows)), t);
+  apply_rope(t, rope.neox, x, rows, heads, head_dim);
 }
 
 }  // namespace escala::model
