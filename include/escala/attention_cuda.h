@@ -7,17 +7,33 @@
 
 namespace escala::attn {
 
+// Kernel choice (kAuto): the split-KV decode kernel for paged or quantized K/V and for query runs
+// of at most 16 tokens, the prefill kernel otherwise.
 struct CudaOptions {
   Impl impl = Impl::kAuto;
-  int num_splits = 0;  // decode: 0 = heuristic
+  int num_splits = 0;  // decode: 0 = heuristic (decode_num_splits)
   // Host copies of cu_seqlens (optional): lets the launcher size the grid without a device read.
   const int32_t* host_cu_seqlens_q = nullptr;
   const int32_t* host_cu_seqlens_k = nullptr;
+  // Upper bounds on every sequence's query and key counts (decode path). With both set the launcher
+  // reads nothing back and the launch shape depends on them alone, so the call can be captured in a
+  // CUDA graph and replayed with new lengths in device memory (set num_splits and workspace too).
+  int max_q_len = 0;
+  int max_kv_len = 0;
+  // Scratch for the split partials (decode_workspace_bytes). Null: a buffer cached by the library,
+  // grown with cudaMalloc when too small (not capturable).
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 // True when a CUDA device is present and the library was built with CUDA.
 bool cuda_available();
 
 Status attention_cuda(const AttentionParams& p, void* stream, const CudaOptions& options = {});
+
+// The decode kernel's split count for these shapes (from batch x kv heads against the SM count).
+int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len);
+// Workspace bytes the decode kernel needs with `num_splits` splits (0 when num_splits == 1).
+size_t decode_workspace_bytes(const AttentionParams& p, int max_q_len, int num_splits);
 
 }  // namespace escala::attn

@@ -1,14 +1,17 @@
 // CUDA backend entry point: checks what the CUDA kernels support, builds the kernel params and
-// dispatches on head dim and dtype. Asynchronous on the caller's stream; the only synchronisation
-// is the fallback read of cu_seqlens_q when the caller gives no host copy (to size the grid).
+// dispatches on kernel, head dim and dtype. Asynchronous on the caller's stream; the only
+// synchronisation is the fallback read of cu_seqlens when the caller gives neither host copies nor
+// bounds (to size the grid), and growing the cached decode workspace.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <mutex>
 #include <vector>
 
+#include "attention/cuda/decode/decode.h"
 #include "attention/cuda/fwd_params.h"
 #include "attention/cuda/dispatch.h"
 #include "attention/cuda/sm80/fwd_sm80.h"
@@ -25,8 +28,10 @@ Status cuda_error(const char* what, cudaError_t e) {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
-Status check_supported(const AttentionParams& p) {
-  auto fail = [](const std::string& m) { return Status::error("attention_cuda: " + m); };
+Status fail(const std::string& m) { return Status::error("attention_cuda: " + m); }
+
+// What both kernels require.
+Status check_common(const AttentionParams& p) {
   if (!p.q || !p.k || !p.v || !p.o) return fail("q, k, v and o must all be given");
   if (p.batch < 1 || p.batch > 65535) return fail("batch must be in [1, 65535]");
   if (!p.cu_seqlens_q || !p.cu_seqlens_k) return fail("cu_seqlens_q and cu_seqlens_k are required");
@@ -37,9 +42,7 @@ Status check_supported(const AttentionParams& p) {
     return fail("head_dim " + std::to_string(p.head_dim) + " not supported on CUDA yet (64, 128, 256)");
   if (dv != p.head_dim) return fail("head_dim_v != head_dim not supported on CUDA yet");
   const bool half = p.q_dtype == DType::kBF16 || p.q_dtype == DType::kF16;
-  if (!half || p.kv_dtype != p.q_dtype || p.o_dtype != p.q_dtype)
-    return fail("CUDA prefill needs q, kv and o all bf16 or all f16");
-  if (p.page_size != 0) return fail("paged K/V not supported on CUDA yet");
+  if (!half || p.o_dtype != p.q_dtype) return fail("CUDA attention needs q and o both bf16 or both f16");
   if (p.rope_inv_freq) return fail("rope at read time not supported on CUDA yet");
   if (p.window_left < -1 || p.window_right < -1 || p.num_sinks < 0) return fail("bad window or sink counts");
   if (!(std::isfinite(p.softcap) && p.softcap >= 0.0f)) return fail("softcap must be finite and >= 0");
@@ -47,14 +50,146 @@ Status check_supported(const AttentionParams& p) {
     return fail("softmax_scale must be positive and finite on CUDA");
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o))
     return fail("q, k, v and o must be 16-byte aligned");
-  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride,
-                             p.v_row_stride, p.v_head_stride, p.o_row_stride, p.o_head_stride};
+  const int64_t strides[] = {p.q_row_stride, p.q_head_stride, p.o_row_stride, p.o_head_stride};
   for (int64_t s : strides)
     if (s <= 0 || s % 8 != 0) return fail("strides must be positive multiples of 8 elements");
   return {};
 }
 
+Status check_prefill(const AttentionParams& p) {
+  if (p.kv_dtype != p.q_dtype) return fail("the CUDA prefill kernel needs K/V in the query dtype");
+  if (p.page_size != 0) return fail("the CUDA prefill kernel reads contiguous K/V only (use the decode kernel)");
+  const int64_t strides[] = {p.k_row_stride, p.k_head_stride, p.v_row_stride, p.v_head_stride};
+  for (int64_t s : strides)
+    if (s <= 0 || s % 8 != 0) return fail("strides must be positive multiples of 8 elements");
+  return {};
+}
+
+Status check_decode(const AttentionParams& p) {
+  const bool quant = p.kv_dtype == DType::kI8 || p.kv_dtype == DType::kFp8E4M3;
+  if (p.kv_dtype != p.q_dtype && !quant) return fail("K/V must be in the query dtype, int8 or fp8");
+  if (quant && (!p.k_scale || !p.v_scale)) return fail("quantized K/V need k_scale and v_scale");
+  if (p.kv_dtype == DType::kFp8E4M3 && p.page_size == 0) return fail("fp8 K/V (a scale per page) must be paged");
+  if (p.page_size < 0) return fail("page_size must be >= 0");
+  if (p.page_size > 0 && (!p.page_indptr || !p.page_indices)) return fail("paged K/V need page_indptr and page_indices");
+  // Rows are read in 16-byte chunks.
+  const int64_t per16 = quant ? 16 : 8;
+  std::vector<int64_t> strides = {p.k_row_stride, p.k_head_stride, p.v_row_stride, p.v_head_stride};
+  if (p.page_size > 0) strides.push_back(p.k_page_stride), strides.push_back(p.v_page_stride);
+  for (int64_t s : strides)
+    if (s <= 0 || s % per16 != 0)
+      return fail("K/V strides must be positive multiples of " + std::to_string(per16) + " elements");
+  return {};
+}
+
+cuda::KvFormat kv_format(DType t) {
+  if (t == DType::kI8) return cuda::KvFormat::kInt8;
+  if (t == DType::kFp8E4M3) return cuda::KvFormat::kFp8;
+  return cuda::KvFormat::kHalf;
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 1;
+    return sms > 0 ? sms : 1;
+  }();
+  return n;
+}
+
+int row_tiles(const AttentionParams& p, int max_q_len) {
+  return (max_q_len * (p.num_heads / p.num_kv_heads) + 15) / 16;
+}
+
+// The library's own partials buffer, for callers that give none (grown, never shrunk).
+Result<void*> cached_workspace(size_t bytes) {
+  static std::mutex mu;
+  static void* buf = nullptr;
+  static size_t size = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (bytes > size) {
+    if (buf) cudaFree(buf);
+    buf = nullptr, size = 0;
+    const cudaError_t e = cudaMalloc(&buf, bytes);
+    if (e != cudaSuccess) return cuda_error("allocating the decode workspace", e);
+    size = bytes;
+  }
+  return buf;
+}
+
+Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_q_len, int max_kv_len,
+                  cudaStream_t stream) {
+  ESCALA_RETURN_IF_ERROR(check_decode(p));
+  cuda::DecodeParams k;
+  k.q = p.q, k.k = p.k, k.v = p.v, k.o = p.o, k.lse = p.lse, k.sink_logits = p.sink_logits;
+  k.q_row_stride = p.q_row_stride, k.q_head_stride = p.q_head_stride;
+  k.k_row_stride = p.k_row_stride, k.k_head_stride = p.k_head_stride, k.k_page_stride = p.k_page_stride;
+  k.v_row_stride = p.v_row_stride, k.v_head_stride = p.v_head_stride, k.v_page_stride = p.v_page_stride;
+  k.o_row_stride = p.o_row_stride, k.o_head_stride = p.o_head_stride;
+  k.cu_seqlens_q = p.cu_seqlens_q, k.cu_seqlens_k = p.cu_seqlens_k;
+  k.page_size = p.page_size, k.page_indptr = p.page_indptr, k.page_indices = p.page_indices;
+  k.k_scale = p.k_scale, k.v_scale = p.v_scale;
+  k.batch = p.batch, k.num_heads = p.num_heads, k.num_kv_heads = p.num_kv_heads;
+  k.group = p.num_heads / p.num_kv_heads;
+  k.row_tiles = row_tiles(p, max_q_len);
+  k.max_q_len = max_q_len;
+  k.scale = effective_scale(p);
+  k.scale_log2 = k.scale * 1.4426950408889634f;
+  k.softcap = p.softcap;
+  k.mask = Mask{p.causal, p.window_left, p.window_right, p.num_sinks};
+  if (int64_t(k.num_kv_heads) * k.row_tiles > 65535) return fail("too many query rows per sequence for the decode kernel");
+  k.num_splits = options.num_splits > 0 ? options.num_splits : decode_num_splits(p, max_q_len, max_kv_len);
+  if (k.num_splits > 65535) return fail("num_splits must be <= 65535");
+  if (k.num_splits > 1) {
+    const size_t bytes = decode_workspace_bytes(p, max_q_len, k.num_splits);
+    void* ws = options.workspace;
+    if (ws != nullptr && options.workspace_bytes < bytes)
+      return fail("workspace too small: " + std::to_string(options.workspace_bytes) + " < " + std::to_string(bytes) +
+                  " bytes");
+    if (ws == nullptr) {
+      auto cached = cached_workspace(bytes);
+      if (!cached.ok()) return cached.status();
+      ws = *cached;
+    }
+    const size_t parts = size_t(p.batch) * max_q_len * p.num_heads * k.num_splits;
+    k.part_o = static_cast<float*>(ws);
+    k.part_lse = k.part_o + parts * p.head_dim;
+  }
+  const bool bf16 = p.q_dtype == DType::kBF16;
+  const cuda::KvFormat f = kv_format(p.kv_dtype);
+  cudaError_t e = cudaSuccess;
+  switch (p.head_dim) {
+    case 64: e = cuda::run_decode_hd64(k, bf16, f, stream); break;
+    case 128: e = cuda::run_decode_hd128(k, bf16, f, stream); break;
+    default: e = cuda::run_decode_hd256(k, bf16, f, stream); break;
+  }
+  if (e != cudaSuccess) return cuda_error("decode kernel launch", e);
+  return {};
+}
+
 }  // namespace
+
+int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len) {
+  if (p.num_kv_heads < 1 || p.num_heads < p.num_kv_heads || max_q_len < 1) return 1;
+  const cuda::KvFormat f = kv_format(p.kv_dtype);
+  const int occupancy = p.head_dim <= 64    ? cuda::decode_ctas_per_sm_hd64(f)
+                        : p.head_dim <= 128 ? cuda::decode_ctas_per_sm_hd128(f)
+                                            : cuda::decode_ctas_per_sm_hd256(f);
+  const int64_t slots = int64_t(sm_count()) * occupancy;
+  const int64_t units = int64_t(p.batch) * p.num_kv_heads * row_tiles(p, max_q_len);
+  if (units >= slots) return 1;
+  // Fill one wave, but leave every warp at least two 16-key tiles.
+  const int64_t by_keys = std::max<int64_t>(1, (int64_t(max_kv_len) + 15) / 16 / 8);
+  return static_cast<int>(std::clamp<int64_t>(slots / units, 1, std::min<int64_t>(by_keys, 1024)));
+}
+
+size_t decode_workspace_bytes(const AttentionParams& p, int max_q_len, int num_splits) {
+  if (num_splits <= 1) return 0;
+  const size_t parts = size_t(p.batch) * max_q_len * p.num_heads * num_splits;
+  return parts * (size_t(p.head_dim) + 1) * sizeof(float);
+}
 
 bool cuda_available() {
   int n = 0;
@@ -67,12 +202,47 @@ Status attention_cuda(const AttentionParams& p, void* stream, const CudaOptions&
 
 Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, const CudaOptions& options,
                                  KernelArch arch) {
-  if (options.impl == Impl::kReference || options.impl == Impl::kDecode)
-    return Status::error("attention_cuda: only the flash (prefill) kernel exists on CUDA yet");
-  ESCALA_RETURN_IF_ERROR(check_supported(p));
+  if (options.impl == Impl::kReference) return fail("there is no reference kernel on CUDA");
+  ESCALA_RETURN_IF_ERROR(check_common(p));
   auto stream = static_cast<cudaStream_t>(stream_ptr);
 
-  // Pick the kernel: the sm_90a one needs a Hopper device.
+  // Sequence extents on the host: the longest query run sizes the grid, the totals size the TMA
+  // tensor maps. Without host copies or bounds they are read back (a synchronisation).
+  int max_q_len = 0, max_kv_len = 0;
+  int64_t total_q = 0, total_kv = 0;
+  const bool bounds_given = options.max_q_len > 0 && options.max_kv_len > 0;
+  {
+    const int32_t* hq = options.host_cu_seqlens_q;
+    const int32_t* hk = options.host_cu_seqlens_k;
+    std::vector<int32_t> cq, ck;
+    if (!bounds_given && (hq == nullptr || hk == nullptr)) {
+      cq.resize(static_cast<size_t>(p.batch) + 1), ck.resize(static_cast<size_t>(p.batch) + 1);
+      cudaError_t e = cudaMemcpyAsync(cq.data(), p.cu_seqlens_q, cq.size() * 4, cudaMemcpyDeviceToHost, stream);
+      if (e == cudaSuccess)
+        e = cudaMemcpyAsync(ck.data(), p.cu_seqlens_k, ck.size() * 4, cudaMemcpyDeviceToHost, stream);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+      if (e != cudaSuccess) return cuda_error("reading cu_seqlens", e);
+      hq = cq.data(), hk = ck.data();
+    }
+    if (bounds_given) {
+      max_q_len = options.max_q_len, max_kv_len = options.max_kv_len;
+      total_q = int64_t(p.batch) * max_q_len, total_kv = int64_t(p.batch) * max_kv_len;
+    } else {
+      for (int b = 0; b < p.batch; ++b) {
+        max_q_len = std::max(max_q_len, hq[b + 1] - hq[b]);
+        max_kv_len = std::max(max_kv_len, hk[b + 1] - hk[b]);
+      }
+      total_q = hq[p.batch], total_kv = hk[p.batch];
+    }
+  }
+  if (max_q_len <= 0) return {};
+
+  const bool needs_decode = p.page_size != 0 || p.kv_dtype != p.q_dtype;
+  const bool decode = options.impl == Impl::kDecode || (options.impl == Impl::kAuto && (needs_decode || max_q_len <= 16));
+  if (decode) return run_decode(p, options, max_q_len, max_kv_len, stream);
+  ESCALA_RETURN_IF_ERROR(check_prefill(p));
+
+  // Pick the prefill kernel: the sm_90a one needs a Hopper device.
   const bool auto_arch = arch == KernelArch::kAuto;
   if (arch == KernelArch::kAuto) {
     int dev = 0, major = 0, minor = 0;
@@ -82,29 +252,13 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
     if (e != cudaSuccess) return cuda_error("querying the device", e);
     arch = (major == 9 && minor == 0) ? KernelArch::kSm90 : KernelArch::kSm80;
   }
-
-  // Sequence extents on the host: the longest query run sizes the grid, the totals size the TMA
-  // tensor maps. Without host copies they are read back (a synchronisation: pass host copies).
-  int max_q_len = 0;
-  int64_t total_q = 0, total_kv = 0;
-  {
-    const int32_t* hq = options.host_cu_seqlens_q;
-    const int32_t* hk = options.host_cu_seqlens_k;
-    std::vector<int32_t> cq, ck;
-    if (hq == nullptr || (hk == nullptr && arch == KernelArch::kSm90)) {
-      cq.resize(static_cast<size_t>(p.batch) + 1), ck.resize(static_cast<size_t>(p.batch) + 1);
-      cudaError_t e = cudaMemcpyAsync(cq.data(), p.cu_seqlens_q, cq.size() * 4, cudaMemcpyDeviceToHost, stream);
-      if (e == cudaSuccess)
-        e = cudaMemcpyAsync(ck.data(), p.cu_seqlens_k, ck.size() * 4, cudaMemcpyDeviceToHost, stream);
-      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-      if (e != cudaSuccess) return cuda_error("reading cu_seqlens", e);
-      hq = cq.data(), hk = ck.data();
-    }
-    for (int b = 0; b < p.batch; ++b) max_q_len = std::max(max_q_len, hq[b + 1] - hq[b]);
-    total_q = hq[p.batch];
-    total_kv = hk != nullptr ? hk[p.batch] : 0;
+  // The sm_90 kernel's TMA maps span the real totals, which bounds alone do not give.
+  if (bounds_given && arch == KernelArch::kSm90 && options.host_cu_seqlens_k == nullptr) {
+    if (!auto_arch) return fail("the sm_90 prefill kernel needs host cu_seqlens, not just bounds");
+    arch = KernelArch::kSm80;
   }
-  if (max_q_len <= 0) return {};
+  if (bounds_given && options.host_cu_seqlens_q && options.host_cu_seqlens_k)
+    total_q = options.host_cu_seqlens_q[p.batch], total_kv = options.host_cu_seqlens_k[p.batch];
 
   cuda::FwdParams k;
   k.q = p.q, k.k = p.k, k.v = p.v, k.o = p.o, k.lse = p.lse, k.sink_logits = p.sink_logits;

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""CUDA decode benchmark: Escala's split-KV decode kernel next to PyTorch's
+scaled_dot_product_attention (cuDNN backend, enable_gqa=True, contiguous bf16; FlashAttention-2
+too, for reference), and the device's own read ceiling, all in the same run.
+
+Effective bandwidth = bytes of K and V (and scales) the call must read / median time (CUDA events,
+--reps runs after warm-up). Escala runs each shape contiguous bf16, paged bf16 (16-token pages,
+randomly permuted) and paged fp8; the table gives paged/contiguous time and fp8/bf16 tokens/s.
+
+Usage: python3 bench/attention_decode_bench.py --bin build/tests/escala_gpu_tests [--reps 30]
+"""
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+
+# name, B, T, h, hk, d
+SHAPES = [
+    ("gqa32/8_d128_B1_T32k", 1, 32768, 32, 8, 128),
+    ("gqa32/8_d128_B16_T8k", 16, 8192, 32, 8, 128),
+    ("gqa32/8_d128_B64_T4k", 64, 4096, 32, 8, 128),
+    ("gqa32/8_d128_B128_T32k", 128, 32768, 32, 8, 128),
+    ("smollm2_9/3_d64_B64_T4k", 64, 4096, 9, 3, 64),
+]
+
+
+def run_bin(binary, args):
+    proc = subprocess.run([binary] + args, capture_output=True, text=True)
+    sys.stderr.write(proc.stdout + proc.stderr)
+    return proc.stdout
+
+
+def run_escala(binary, shapes, reps):
+    specs = []
+    for name, B, T, h, hk, d in shapes:
+        base = f"B={B},T={T},h={h},hk={hk},d={d}"
+        specs += [f"{name}|bf16,{base},kv=bf16", f"{name}|paged,{base},kv=bf16,page=16", f"{name}|fp8,{base},kv=fp8,page=16"]
+    out = run_bin(binary, ["--bench-decode", "--reps", str(reps)] + specs)
+    res = {}
+    for line in out.splitlines():
+        m = re.match(r"BENCH name=(\S+) ms=([\d.]+) gbps=([\d.]+) splits=(\d+) tokens_per_s=([\d.]+)", line)
+        if m:
+            res[m.group(1)] = (float(m.group(2)), float(m.group(3)), int(m.group(4)))
+    return res
+
+
+def time_cuda(fn, reps):
+    import torch
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def run_peers(shape, reps):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    name, B, T, h, hk, d = shape
+    q = torch.randn(B, h, 1, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, hk, T, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, hk, T, d, device="cuda", dtype=torch.bfloat16)
+    nbytes = 2.0 * B * T * hk * d * 2
+    out = {}
+    for label, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION), ("FA2", SDPBackend.FLASH_ATTENTION)):
+        try:
+            def fn():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=hk != h)
+            ms = time_cuda(fn, reps)
+            out[label] = nbytes / (ms * 1e-3) / 1e9
+        except Exception as e:  # backend refuses this shape
+            sys.stderr.write(f"{name} {label}: {type(e).__name__}: {str(e)[:200]}\n")
+            out[label] = None
+    del q, k, v
+    torch.cuda.empty_cache()
+    return out
+
+
+def fmt(x, spec="{:.0f}"):
+    return spec.format(x) if x is not None else "-"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True, help="escala_gpu_tests binary")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--filter", default="")
+    ap.add_argument("--no-peers", action="store_true")
+    args = ap.parse_args()
+    shapes = [s for s in SHAPES if args.filter in s[0]]
+
+    ceiling = None
+    m = re.search(r"READ gbps=([\d.]+)", run_bin(args.bin, ["--bench-read", "--mb", "8192"]))
+    if m:
+        ceiling = float(m.group(1))
+    esc = run_escala(args.bin, shapes, args.reps)
+    print(f"read ceiling (16-byte streaming loads, 8 GiB): {fmt(ceiling)} GB/s\n")
+    print("| shape | Escala bf16 GB/s | % ceiling | splits | paged/contig time | fp8/bf16 tok/s | cuDNN GB/s | FA2 GB/s | Escala / cuDNN |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for shape in shapes:
+        name = shape[0]
+        e = esc.get(f"{name}|bf16")
+        pg = esc.get(f"{name}|paged")
+        f8 = esc.get(f"{name}|fp8")
+        peers = {} if args.no_peers else run_peers(shape, args.reps)
+        cud = peers.get("cuDNN")
+        ratio = e[1] / cud if e and cud else None
+        print(f"| {name} | {fmt(e and e[1])} | {fmt(e and ceiling and 100 * e[1] / ceiling, '{:.1f}%')} | "
+              f"{fmt(e and e[2])} | {fmt(e and pg and pg[0] / e[0], '{:.3f}')} | "
+              f"{fmt(e and f8 and e[0] / f8[0], '{:.2f}x')} | {fmt(cud)} | {fmt(peers.get('FA2'))} | "
+              f"{fmt(ratio, '{:.2f}x')} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+// Decode kernels for head dim 128 (bf16/f16 queries x bf16-f16/int8/fp8 K/V).
+#include "attention/cuda/decode/decode_launch.cuh"
+
+namespace escala::attn::cuda {
+
+cudaError_t run_decode_hd128(const DecodeParams& p, bool bf16, KvFormat f, cudaStream_t stream) {
+  return run_decode<128>(p, bf16, f, stream);
+}
+
+int decode_ctas_per_sm_hd128(KvFormat f) { return decode_ctas<128>(f); }
+
+}  // namespace escala::attn::cuda

@@ -1,0 +1,72 @@
+// Launches one head dim's decode kernels (included by decode_hd*.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "attention/cuda/decode/decode.h"
+#include "attention/cuda/decode/decode_kernel.cuh"
+
+namespace escala::attn::cuda {
+
+template <int D, class T, KvFormat F>
+cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  using Cfg = DecodeCfg<D, T, F>;
+  auto kernel = decode_kernel<D, T, F>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.num_kv_heads * p.row_tiles),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || p.num_splits == 1) return e;
+  const int64_t rows = int64_t(p.batch) * p.max_q_len * p.num_heads;
+  const unsigned blocks = static_cast<unsigned>((rows * 32 + 127) / 128);
+  decode_merge_kernel<D, T><<<blocks, 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int D, class T, KvFormat F>
+int ctas_per_sm() {
+  using Cfg = DecodeCfg<D, T, F>;
+  static const int n = [] {
+    auto kernel = decode_kernel<D, T, F>;
+    int blocks = 1;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Cfg::kThreads, Cfg::kSmemBytes) != cudaSuccess)
+      return 1;
+    return blocks > 0 ? blocks : 1;
+  }();
+  return n;
+}
+
+template <int D>
+cudaError_t run_decode(const DecodeParams& p, bool bf16, KvFormat f, cudaStream_t stream) {
+  if (bf16) {
+    switch (f) {
+      case KvFormat::kHalf: return launch_decode<D, __nv_bfloat16, KvFormat::kHalf>(p, stream);
+      case KvFormat::kInt8: return launch_decode<D, __nv_bfloat16, KvFormat::kInt8>(p, stream);
+      case KvFormat::kFp8: return launch_decode<D, __nv_bfloat16, KvFormat::kFp8>(p, stream);
+    }
+  } else {
+    switch (f) {
+      case KvFormat::kHalf: return launch_decode<D, __half, KvFormat::kHalf>(p, stream);
+      case KvFormat::kInt8: return launch_decode<D, __half, KvFormat::kInt8>(p, stream);
+      case KvFormat::kFp8: return launch_decode<D, __half, KvFormat::kFp8>(p, stream);
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
+// Occupancy depends on shared memory and registers, which the q dtype barely changes.
+template <int D>
+int decode_ctas(KvFormat f) {
+  switch (f) {
+    case KvFormat::kHalf: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kHalf>();
+    case KvFormat::kInt8: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kInt8>();
+    case KvFormat::kFp8: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kFp8>();
+  }
+  return 1;
+}
+
+}  // namespace escala::attn::cuda

@@ -1,0 +1,248 @@
+// Decode benchmark mode of the GPU test binary:
+//   escala_gpu_tests --bench-decode [--reps N] SPEC...   SPEC = name,B=..,T=..,h=..,hk=..,d=..
+//       [,kv=bf16|f16|i8|fp8][,page=16][,q=1][,splits=0]
+//   escala_gpu_tests --bench-read [--reps N] [--mb 4096]   the device's read ceiling
+// Inputs are filled on the device with hashed uniform values (never zeros); pages are a random
+// permutation. Each shape: CUDA events around each call, median of N after warm-up. Bandwidth =
+// bytes of K and V (and their scales) the call must read / time.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "escala/attention_cuda.h"
+#include "gpu_util.h"
+
+namespace escala::gputest {
+
+namespace {
+
+__device__ __forceinline__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33, x *= 0xc4ceb9fe1a85ec53ull, x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
+
+// 16-bit uniform(-1, 1) values (bf16 or f16 bits), or random bytes for 8-bit formats.
+__global__ void fill_kernel(uint8_t* p, size_t n_bytes, int mode, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n_bytes / 2; i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t h = hash32(seed * 0x9E3779B97F4A7C15ull + i);
+    const float f = (static_cast<float>(h >> 8) + 0.5f) * (2.0f / 16777216.0f) - 1.0f;
+    uint16_t bits;
+    if (mode == 0) {
+      bits = __bfloat16_as_ushort(__float2bfloat16(f));
+    } else if (mode == 1) {
+      bits = __half_as_ushort(__float2half(f));
+    } else {  // 8-bit: int8 in [-100, 100]; fp8 e4m3 with |x| in [2^-4, 2^4] (no NaN patterns)
+      const uint32_t a = h & 0xff, b = (h >> 8) & 0xff;
+      if (mode == 2) {
+        bits = static_cast<uint16_t>((uint8_t)(int8_t)((int)(a % 201) - 100) | ((uint8_t)(int8_t)((int)(b % 201) - 100) << 8));
+      } else {
+        const uint32_t ea = 3 + (a % 9), eb = 3 + (b % 9);
+        bits = static_cast<uint16_t>(((a & 0x80) | (ea << 3) | (a & 7)) | (((b & 0x80) | (eb << 3) | (b & 7)) << 8));
+      }
+    }
+    reinterpret_cast<uint16_t*>(p)[i] = bits;
+  }
+}
+
+__global__ void fill_scales(float* s, size_t n, float v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) s[i] = v;
+}
+
+void fill(void* p, size_t bytes, int mode, uint64_t seed) {
+  fill_kernel<<<4096, 256>>>(static_cast<uint8_t*>(p), bytes, mode, seed);
+  GPU_CHECK(cudaGetLastError());
+}
+
+// Reads n bytes with 16-byte loads; one word per block out so nothing is optimised away.
+__global__ void read_kernel(const uint4* p, size_t n, uint32_t* out) {
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;
+}
+
+struct Spec {
+  std::string name;
+  int B = 1, T = 1024, h = 32, hk = 8, d = 128, page = 0, q = 1, splits = 0;
+  DType kv = DType::kBF16;
+};
+
+bool parse(const std::string& text, Spec& s) {
+  std::stringstream ss(text);
+  std::string tok;
+  bool first = true;
+  while (std::getline(ss, tok, ',')) {
+    if (first) {
+      s.name = tok, first = false;
+      continue;
+    }
+    const auto eq = tok.find('=');
+    if (eq == std::string::npos) return false;
+    const std::string k = tok.substr(0, eq), v = tok.substr(eq + 1);
+    if (k == "kv") {
+      if (v == "bf16") s.kv = DType::kBF16;
+      else if (v == "f16") s.kv = DType::kF16;
+      else if (v == "i8") s.kv = DType::kI8;
+      else if (v == "fp8") s.kv = DType::kFp8E4M3;
+      else return false;
+      continue;
+    }
+    const int x = std::atoi(v.c_str());
+    if (k == "B") s.B = x;
+    else if (k == "T") s.T = x;
+    else if (k == "h") s.h = x;
+    else if (k == "hk") s.hk = x;
+    else if (k == "d") s.d = x;
+    else if (k == "page") s.page = x;
+    else if (k == "q") s.q = x;
+    else if (k == "splits") s.splits = x;
+    else return false;
+  }
+  return !first && s.B > 0 && s.T > 0 && s.h > 0 && s.hk > 0 && s.d > 0 && s.q > 0;
+}
+
+template <class F>
+double median_ms(F&& launch, int reps) {
+  cudaEvent_t e0, e1;
+  GPU_CHECK(cudaEventCreate(&e0));
+  GPU_CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < reps + 3; ++r) {
+    GPU_CHECK(cudaEventRecord(e0));
+    launch();
+    GPU_CHECK(cudaEventRecord(e1));
+    GPU_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    GPU_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (r >= 3) ms.push_back(t);
+  }
+  GPU_CHECK(cudaEventDestroy(e0));
+  GPU_CHECK(cudaEventDestroy(e1));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int run_read_bench(int argc, char** argv) {
+  int reps = 20;
+  size_t mb = 4096;
+  for (int i = 0; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--reps") reps = std::max(1, std::atoi(argv[++i]));
+    else if (std::string(argv[i]) == "--mb") mb = std::max(64, std::atoi(argv[++i]));
+  }
+  const size_t bytes = mb << 20;
+  DeviceBuffer buf(bytes), out(65536 * 4);
+  fill(buf.get(), bytes, 0, 1);
+  cudaDeviceProp prop{};
+  GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
+  double best = 0;
+  for (int per_sm : {4, 8, 16}) {
+    const int blocks = prop.multiProcessorCount * per_sm;
+    const double ms = median_ms([&] { read_kernel<<<blocks, 512>>>(buf.get<uint4>(), bytes / 16, out.get<uint32_t>()); }, reps);
+    best = std::max(best, bytes / (ms * 1e-3) / 1e9);
+  }
+  std::printf("READ gbps=%.1f mb=%zu\n", best, mb);
+  return 0;
+}
+
+int run_decode_bench(int argc, char** argv) {
+  int reps = 30;
+  std::vector<Spec> specs;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) {
+      reps = std::max(1, std::atoi(argv[++i]));
+      continue;
+    }
+    Spec s;
+    if (!parse(a, s)) {
+      std::fprintf(stderr, "bad decode spec: %s\n", a.c_str());
+      return 2;
+    }
+    specs.push_back(s);
+  }
+  uint64_t seed = 1;
+  for (const Spec& s : specs) {
+    const int64_t tq = int64_t(s.B) * s.q;
+    const size_t eb = dtype_size(s.kv);
+    const bool quant = s.kv == DType::kI8 || s.kv == DType::kFp8E4M3;
+    const int page = s.kv == DType::kFp8E4M3 && s.page == 0 ? 16 : s.page;
+    const int64_t pages_per_seq = page ? (s.T + page - 1) / page : 0;
+    const int64_t slots = page ? pages_per_seq * s.B * page : int64_t(s.B) * s.T;
+    const size_t kv_bytes = size_t(slots) * s.hk * s.d * eb;
+    DeviceBuffer dq(tq * s.h * s.d * 2), d_o(tq * s.h * s.d * 2), dk(kv_bytes), dv(kv_bytes), dcq((s.B + 1) * 4),
+        dck((s.B + 1) * 4);
+    fill(dq.get(), dq.bytes(), 0, seed++);
+    fill(dk.get(), kv_bytes, quant ? (s.kv == DType::kI8 ? 2 : 3) : (s.kv == DType::kBF16 ? 0 : 1), seed++);
+    fill(dv.get(), kv_bytes, quant ? (s.kv == DType::kI8 ? 2 : 3) : (s.kv == DType::kBF16 ? 0 : 1), seed++);
+    size_t scale_count = 0;
+    DeviceBuffer dks, dvs, dindptr, dindices;
+    if (quant) {
+      scale_count = s.kv == DType::kI8 ? size_t(slots) * s.hk : size_t(slots / page) * s.hk;
+      dks = DeviceBuffer(scale_count * 4), dvs = DeviceBuffer(scale_count * 4);
+      fill_scales<<<1024, 256>>>(dks.get<float>(), scale_count, s.kv == DType::kI8 ? 0.01f : 0.05f);
+      fill_scales<<<1024, 256>>>(dvs.get<float>(), scale_count, s.kv == DType::kI8 ? 0.01f : 0.05f);
+    }
+    std::vector<int32_t> cu_q(s.B + 1), cu_k(s.B + 1), indptr, indices;
+    for (int b = 0; b <= s.B; ++b) cu_q[b] = b * s.q, cu_k[b] = b * s.T;
+    dcq.upload(cu_q), dck.upload(cu_k);
+    if (page) {
+      indices.resize(pages_per_seq * s.B);
+      std::iota(indices.begin(), indices.end(), 0);
+      std::mt19937_64 rng(seed++);
+      std::shuffle(indices.begin(), indices.end(), rng);
+      for (int b = 0; b <= s.B; ++b) indptr.push_back(static_cast<int32_t>(b * pages_per_seq));
+      dindptr = DeviceBuffer(indptr.size() * 4), dindices = DeviceBuffer(indices.size() * 4);
+      dindptr.upload(indptr), dindices.upload(indices);
+    }
+    GPU_CHECK(cudaDeviceSynchronize());
+
+    attn::AttentionParams p;
+    p.q = dq.get(), p.k = dk.get(), p.v = dv.get(), p.o = d_o.get();
+    p.q_dtype = p.o_dtype = s.kv == DType::kF16 ? DType::kF16 : DType::kBF16;
+    p.kv_dtype = s.kv;
+    p.q_row_stride = p.o_row_stride = int64_t(s.h) * s.d;
+    p.q_head_stride = p.o_head_stride = s.d;
+    p.k_row_stride = p.v_row_stride = int64_t(s.hk) * s.d;
+    p.k_head_stride = p.v_head_stride = s.d;
+    p.batch = s.B, p.cu_seqlens_q = dcq.get<int32_t>(), p.cu_seqlens_k = dck.get<int32_t>();
+    p.num_heads = s.h, p.num_kv_heads = s.hk, p.head_dim = s.d;
+    p.causal = true;
+    if (page) {
+      p.page_size = page, p.page_indptr = dindptr.get<int32_t>(), p.page_indices = dindices.get<int32_t>();
+      p.k_page_stride = p.v_page_stride = int64_t(page) * s.hk * s.d;
+    }
+    p.k_scale = quant ? dks.get<float>() : nullptr, p.v_scale = quant ? dvs.get<float>() : nullptr;
+    attn::CudaOptions opt;
+    opt.impl = attn::Impl::kDecode;
+    opt.num_splits = s.splits;
+    opt.host_cu_seqlens_q = cu_q.data(), opt.host_cu_seqlens_k = cu_k.data();
+    const int splits = s.splits > 0 ? s.splits : attn::decode_num_splits(p, s.q, s.T);
+    Status st;
+    const double ms = median_ms([&] { st = attn::attention_cuda(p, nullptr, opt); }, reps);
+    if (!st.ok()) {
+      std::printf("BENCH name=%s error=\"%s\"\n", s.name.c_str(), st.message().c_str());
+      continue;
+    }
+    const double bytes = double(s.B) * s.T * s.hk * s.d * eb * 2 +
+                         (quant ? (s.kv == DType::kI8 ? double(s.B) * s.T * s.hk * 8 : double(scale_count) * 8) : 0.0);
+    std::printf("BENCH name=%s ms=%.4f gbps=%.1f splits=%d tokens_per_s=%.1f\n", s.name.c_str(), ms,
+                bytes / (ms * 1e-3) / 1e9, splits, double(tq) / (ms * 1e-3));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace escala::gputest

@@ -1,0 +1,533 @@
+// The CUDA decode kernel against the double-precision reference on fresh random inputs: query runs
+// of 1..16 tokens (and longer appends), GQA ratios 1, 4, 8 and 9/3, every mask and option, K/V in
+// bf16/f16, int8 and fp8, contiguous and paged through randomly permuted pages, forced and heuristic
+// split counts, poisoned outputs; paged == contiguous bit for bit; a CUDA graph replayed with new
+// lengths.
+//
+// The reference reads the dequantised values of the very K/V the kernel reads (quantisation error
+// is a property of the storage format, documented in src/kv/kv_storage.h), so the tolerance is that
+// of the kernel's arithmetic: the query dtype's, or bf16's for 8-bit K/V (Q and P go through f16).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention/kv_layout.h"
+#include "common/numeric.h"
+#include "escala/attention_cuda.h"
+#include "gpu_util.h"
+#include "reference_util.h"
+
+namespace escala::gputest {
+namespace {
+
+struct DecCase {
+  std::vector<int> q_lens, kv_lens;
+  int h = 8, hk = 2, d = 128;
+  DType dt = DType::kBF16;   // q and o
+  DType kv = DType::kBF16;   // storage: the q dtype, kI8 or kFp8E4M3
+  int page_size = 0;         // 0: contiguous
+  bool causal = true;
+  int wl = -1, wr = -1, sinks = 0;
+  bool sink_logits = false;
+  float softcap = 0.0f;
+  int splits = 0;  // 0: heuristic
+  uint64_t seed = 1;
+
+  std::string describe() const {
+    std::ostringstream os;
+    os << "q_lens={";
+    for (int x : q_lens) os << x << ",";
+    os << "} kv_lens={";
+    for (int x : kv_lens) os << x << ",";
+    os << "} h=" << h << " hk=" << hk << " d=" << d << " q=" << dtype_name(dt) << " kv=" << dtype_name(kv)
+       << " page=" << page_size << " causal=" << causal << " window=(" << wl << "," << wr << ") sinks=" << sinks
+       << " sink_logits=" << sink_logits << " softcap=" << softcap << " splits=" << splits;
+    return os.str();
+  }
+};
+
+// K/V of a batch in one storage layout, on the host and the device.
+struct KvData {
+  std::vector<uint8_t> k, v;      // storage bytes
+  std::vector<float> ks, vs;      // scales (quantized)
+  std::vector<int32_t> indptr, indices;
+  int64_t row_stride = 0, page_stride = 0;
+  DeviceBuffer dk, dv, dks, dvs, dindptr, dindices;
+
+  void upload() {
+    dk = DeviceBuffer(std::max<size_t>(16, k.size())), dv = DeviceBuffer(std::max<size_t>(16, v.size()));
+    GPU_CHECK(cudaMemcpy(dk.get(), k.data(), k.size(), cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(dv.get(), v.data(), v.size(), cudaMemcpyHostToDevice));
+    if (!ks.empty()) dks = DeviceBuffer(ks.size() * 4), dvs = DeviceBuffer(vs.size() * 4), dks.upload(ks), dvs.upload(vs);
+    if (!indptr.empty()) {
+      dindptr = DeviceBuffer(indptr.size() * 4), dindptr.upload(indptr);
+      dindices = DeviceBuffer(std::max<size_t>(4, indices.size() * 4));
+      if (!indices.empty()) dindices.upload(indices);
+    }
+  }
+  // Fills the K/V fields of p (host or device pointers).
+  void bind(AttentionParams& p, int page_size, bool device) const {
+    p.k = device ? dk.get() : static_cast<const void*>(k.data());
+    p.v = device ? dv.get() : static_cast<const void*>(v.data());
+    p.k_scale = ks.empty() ? nullptr : device ? dks.get<float>() : ks.data();
+    p.v_scale = vs.empty() ? nullptr : device ? dvs.get<float>() : vs.data();
+    p.page_size = page_size;
+    p.k_row_stride = p.v_row_stride = row_stride;
+    p.k_head_stride = p.v_head_stride = 0;  // set by the caller
+    p.k_page_stride = p.v_page_stride = page_stride;
+    p.page_indptr = indptr.empty() ? nullptr : device ? dindptr.get<int32_t>() : indptr.data();
+    p.page_indices = indptr.empty() ? nullptr : device ? dindices.get<int32_t>() : indices.data();
+  }
+};
+
+// Stores f32 K/V [total_kv, hk, d] in `fmt`, contiguous or in randomly permuted pages.
+KvData store_kv(const std::vector<float>& kf, const std::vector<float>& vf, const std::vector<int>& kv_lens, int hk,
+                int d, DType fmt, int page_size, uint64_t seed) {
+  KvData out;
+  const size_t eb = dtype_size(fmt);
+  const int64_t row = int64_t(hk) * d;
+  out.row_stride = row;
+  const int batch = static_cast<int>(kv_lens.size());
+  std::vector<int64_t> slot_of;  // slot of each (sequence-major) token
+  int64_t num_slots = 0;
+  if (page_size == 0) {
+    num_slots = std::accumulate(kv_lens.begin(), kv_lens.end(), int64_t(0));
+    slot_of.resize(num_slots);
+    std::iota(slot_of.begin(), slot_of.end(), 0);
+  } else {
+    int64_t pages_needed = 0;
+    for (int l : kv_lens) pages_needed += (l + page_size - 1) / page_size;
+    const int64_t num_pages = pages_needed + 3;
+    std::vector<int32_t> perm(num_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::mt19937_64 rng(seed);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    out.indptr.push_back(0);
+    int64_t next = 0;
+    for (int b = 0; b < batch; ++b) {
+      const int np = (kv_lens[b] + page_size - 1) / page_size;
+      for (int i = 0; i < np; ++i) out.indices.push_back(perm[next++]);
+      out.indptr.push_back(static_cast<int32_t>(out.indices.size()));
+      for (int t = 0; t < kv_lens[b]; ++t)
+        slot_of.push_back(int64_t(out.indices[out.indptr[b] + t / page_size]) * page_size + t % page_size);
+    }
+    num_slots = num_pages * page_size;
+    out.page_stride = int64_t(page_size) * row;
+  }
+  out.k.assign(num_slots * row * eb, 0), out.v.assign(num_slots * row * eb, 0);
+  if (fmt == DType::kI8) out.ks.assign(num_slots * hk, 1.0f), out.vs.assign(num_slots * hk, 1.0f);
+  if (fmt == DType::kFp8E4M3) {
+    const int64_t num_pages = num_slots / page_size;
+    out.ks.assign(num_pages * hk, 1.0f), out.vs.assign(num_pages * hk, 1.0f);
+    // Scale per (page, head): the page's max |x| maps to 448.
+    for (int pass = 0; pass < 2; ++pass) {
+      const std::vector<float>& src = pass ? vf : kf;
+      std::vector<float>& sc = pass ? out.vs : out.ks;
+      std::vector<float> mx(sc.size(), 0.0f);
+      for (size_t t = 0; t < slot_of.size(); ++t)
+        for (int h = 0; h < hk; ++h)
+          for (int c = 0; c < d; ++c) {
+            float& m = mx[(slot_of[t] / page_size) * hk + h];
+            m = std::max(m, std::fabs(src[(t * hk + h) * d + c]));
+          }
+      for (size_t i = 0; i < sc.size(); ++i) sc[i] = mx[i] > 0 ? mx[i] / 448.0f : 1.0f;
+    }
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    const std::vector<float>& src = pass ? vf : kf;
+    std::vector<uint8_t>& dst = pass ? out.v : out.k;
+    std::vector<float>& sc = pass ? out.vs : out.ks;
+    for (size_t t = 0; t < slot_of.size(); ++t)
+      for (int h = 0; h < hk; ++h) {
+        const float* x = &src[(t * hk + h) * d];
+        uint8_t* y = &dst[(slot_of[t] * row + int64_t(h) * d) * eb];
+        if (fmt == DType::kI8) {
+          float m = 0;
+          for (int c = 0; c < d; ++c) m = std::max(m, std::fabs(x[c]));
+          const float s = m > 0 ? m / 127.0f : 1.0f;
+          sc[slot_of[t] * hk + h] = s;
+          for (int c = 0; c < d; ++c)
+            reinterpret_cast<int8_t*>(y)[c] = static_cast<int8_t>(std::clamp(std::lrint(x[c] / s), -127l, 127l));
+        } else if (fmt == DType::kFp8E4M3) {
+          const float s = sc[(slot_of[t] / page_size) * hk + h];
+          for (int c = 0; c < d; ++c) y[c] = f32_to_fp8e4m3(x[c] / s);
+        } else {
+          for (int c = 0; c < d; ++c) attn::store_float(y, fmt, c, x[c]);
+        }
+      }
+  }
+  return out;
+}
+
+struct RunResult {
+  std::vector<uint16_t> o;
+  std::vector<float> lse;
+};
+
+// Runs the decode kernel on device data; poisons the outputs first.
+RunResult run_gpu(const AttentionParams& g, int64_t tq, const DeviceBuffer& d_o, const DeviceBuffer& d_lse,
+                  const attn::CudaOptions& opt) {
+  RunResult r;
+  GPU_CHECK(cudaMemset(d_o.get(), 0xff, d_o.bytes()));
+  GPU_CHECK(cudaMemset(d_lse.get(), 0xff, d_lse.bytes()));
+  const Status st = attn::attention_cuda(g, nullptr, opt);
+  EXPECT_TRUE(st.ok()) << st.message();
+  GPU_CHECK(cudaDeviceSynchronize());
+  GPU_CHECK(cudaGetLastError());
+  r.o.resize(tq * g.num_heads * g.head_dim), r.lse.resize(tq * g.num_heads);
+  if (tq > 0) d_o.download(r.o), d_lse.download(r.lse);
+  return r;
+}
+
+void compare(const RunResult& out, const std::vector<float>& o_ref, const std::vector<float>& lse_ref, DType dt,
+             Tolerance tol, double rel_rms) {
+  int64_t bad = 0;
+  double max_err = 0, err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < o_ref.size(); ++i) {
+    const double x = half_to_float(out.o[i], dt), r = o_ref[i];
+    const double e = std::fabs(x - r);
+    err2 += e * e, ref2 += r * r;
+    if (!(e <= tol.atol + tol.rtol * std::fabs(r))) {
+      if (bad < 5) ADD_FAILURE() << "O[" << i << "] = " << x << ", ref " << r;
+      ++bad;
+    }
+    if (!std::isnan(e)) max_err = std::max(max_err, e);
+  }
+  EXPECT_EQ(bad, 0) << "elements out of tolerance (max err " << max_err << ")";
+  if (ref2 > 0) EXPECT_LT(std::sqrt(err2 / ref2), rel_rms);
+  int64_t bad_lse = 0;
+  for (size_t i = 0; i < lse_ref.size(); ++i) {
+    const float x = out.lse[i], r = lse_ref[i];
+    const bool ok = std::isinf(r) ? x == r : std::fabs(double(x) - r) <= kTolLse.atol + kTolLse.rtol * std::fabs(r);
+    if (!ok) {
+      if (bad_lse < 5) ADD_FAILURE() << "LSE[" << i << "] = " << x << ", ref " << r;
+      ++bad_lse;
+    }
+  }
+  EXPECT_EQ(bad_lse, 0);
+}
+
+struct Problem {
+  std::vector<int32_t> cu_q, cu_k;
+  std::vector<uint16_t> q;
+  std::vector<float> kf, vf, sinks;
+  int64_t tq = 0, tk = 0;
+};
+
+Problem make_problem(const DecCase& c) {
+  Problem pr;
+  const int batch = static_cast<int>(c.q_lens.size());
+  pr.cu_q.assign(batch + 1, 0), pr.cu_k.assign(batch + 1, 0);
+  for (int b = 0; b < batch; ++b)
+    pr.cu_q[b + 1] = pr.cu_q[b] + c.q_lens[b], pr.cu_k[b + 1] = pr.cu_k[b] + c.kv_lens[b];
+  pr.tq = pr.cu_q[batch], pr.tk = pr.cu_k[batch];
+  pr.q = random_half(pr.tq * c.h * c.d, c.dt, c.seed);
+  std::mt19937_64 rng(c.seed + 7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  pr.kf.resize(pr.tk * c.hk * c.d), pr.vf.resize(pr.tk * c.hk * c.d);
+  for (auto& x : pr.kf) x = nd(rng);
+  for (auto& x : pr.vf) x = nd(rng);
+  pr.sinks.resize(c.h);
+  for (int h = 0; h < c.h; ++h) pr.sinks[h] = 0.5f * static_cast<float>(h % 5) - 0.5f;
+  return pr;
+}
+
+AttentionParams base_params(const DecCase& c, const Problem& pr) {
+  AttentionParams p;
+  p.q_dtype = p.o_dtype = c.dt;
+  p.kv_dtype = c.kv;
+  p.batch = static_cast<int>(c.q_lens.size());
+  p.num_heads = c.h, p.num_kv_heads = c.hk, p.head_dim = c.d;
+  p.causal = c.causal, p.window_left = c.wl, p.window_right = c.wr, p.num_sinks = c.sinks;
+  p.softcap = c.softcap;
+  p.q_row_stride = int64_t(c.h) * c.d, p.q_head_stride = c.d;
+  p.o_row_stride = int64_t(c.h) * c.d, p.o_head_stride = c.d;
+  p.sink_logits = c.sink_logits ? pr.sinks.data() : nullptr;
+  p.q = pr.q.data();
+  p.cu_seqlens_q = pr.cu_q.data(), p.cu_seqlens_k = pr.cu_k.data();
+  return p;
+}
+
+// Reference on the dequantised values of `kv` (the exact numbers the kernel reads).
+void reference(const DecCase& c, const Problem& pr, const KvData& kv, std::vector<float>& o_ref,
+               std::vector<float>& lse_ref) {
+  AttentionParams hp = base_params(c, pr);
+  kv.bind(hp, c.page_size, false);
+  hp.k_head_stride = hp.v_head_stride = c.d;
+  std::vector<float> kd(pr.tk * c.hk * c.d), vd(pr.tk * c.hk * c.d);
+  for (int b = 0; b < hp.batch; ++b) {
+    const attn::KvSeq ks = attn::make_kv_seq(hp, b, false), vs = attn::make_kv_seq(hp, b, true);
+    for (int t = 0; t < c.kv_lens[b]; ++t)
+      for (int h = 0; h < c.hk; ++h)
+        for (int x = 0; x < c.d; ++x) {
+          const size_t i = ((pr.cu_k[b] + t) * int64_t(c.hk) + h) * c.d + x;
+          kd[i] = ks.load(t, h, x), vd[i] = vs.load(t, h, x);
+        }
+  }
+  AttentionParams r = base_params(c, pr);
+  r.kv_dtype = DType::kF32;
+  r.k = kd.data(), r.v = vd.data();
+  r.k_row_stride = r.v_row_stride = int64_t(c.hk) * c.d, r.k_head_stride = r.v_head_stride = c.d;
+  o_ref.assign(pr.tq * c.h * c.d, 0.0f), lse_ref.assign(pr.tq * c.h, 0.0f);
+  parallel_reference(r, o_ref, lse_ref, pr.tq);
+}
+
+struct DeviceProblem {
+  DeviceBuffer dq, d_o, d_lse, dcq, dck, dsink;
+  AttentionParams g;
+};
+
+void to_device(const DecCase& c, const Problem& pr, KvData& kv, DeviceProblem& dp) {
+  dp.dq = DeviceBuffer(std::max<size_t>(16, pr.q.size() * 2));
+  if (!pr.q.empty()) dp.dq.upload(pr.q);
+  dp.d_o = DeviceBuffer(std::max<int64_t>(16, pr.tq * c.h * c.d * 2));
+  dp.d_lse = DeviceBuffer(std::max<int64_t>(16, pr.tq * c.h * 4));
+  dp.dcq = DeviceBuffer(pr.cu_q.size() * 4), dp.dck = DeviceBuffer(pr.cu_k.size() * 4);
+  dp.dcq.upload(pr.cu_q), dp.dck.upload(pr.cu_k);
+  dp.dsink = DeviceBuffer(c.h * 4), dp.dsink.upload(pr.sinks);
+  kv.upload();
+  dp.g = base_params(c, pr);
+  kv.bind(dp.g, c.page_size, true);
+  dp.g.k_head_stride = dp.g.v_head_stride = c.d;
+  dp.g.q = dp.dq.get(), dp.g.o = dp.d_o.get(), dp.g.lse = dp.d_lse.get<float>();
+  dp.g.cu_seqlens_q = dp.dcq.get<int32_t>(), dp.g.cu_seqlens_k = dp.dck.get<int32_t>();
+  dp.g.sink_logits = c.sink_logits ? dp.dsink.get<float>() : nullptr;
+}
+
+void check_case(const DecCase& c) {
+  SCOPED_TRACE(c.describe());
+  const Problem pr = make_problem(c);
+  KvData kv = store_kv(pr.kf, pr.vf, c.kv_lens, c.hk, c.d, c.kv, c.page_size, c.seed + 11);
+  std::vector<float> o_ref, lse_ref;
+  reference(c, pr, kv, o_ref, lse_ref);
+  DeviceProblem dp;
+  to_device(c, pr, kv, dp);
+  attn::CudaOptions opt;
+  opt.impl = attn::Impl::kDecode;
+  opt.num_splits = c.splits;
+  opt.host_cu_seqlens_q = pr.cu_q.data(), opt.host_cu_seqlens_k = pr.cu_k.data();
+  const RunResult a = run_gpu(dp.g, pr.tq, dp.d_o, dp.d_lse, opt);
+  const RunResult b = run_gpu(dp.g, pr.tq, dp.d_o, dp.d_lse, opt);
+  ASSERT_TRUE(a.o == b.o) << "two runs differ: a race?";
+  ASSERT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0) << "LSE differs between runs";
+  const bool quant = c.kv == DType::kI8 || c.kv == DType::kFp8E4M3;
+  const bool loose = quant || c.dt == DType::kBF16;
+  compare(a, o_ref, lse_ref, c.dt, loose ? kTolBf16 : kTolF16, loose ? 8e-3 : 2e-3);
+}
+
+const DType kHalfTypes[] = {DType::kBF16, DType::kF16};
+
+TEST(DecodeCuda, HeadDimsDtypesGqa) {
+  uint64_t seed = 1;
+  for (int d : {64, 128, 256})
+    for (DType dt : kHalfTypes)
+      for (auto [h, hk] : {std::pair{8, 8}, {8, 2}, {16, 2}, {9, 3}}) {
+        DecCase c;
+        c.d = d, c.dt = dt, c.kv = dt, c.h = h, c.hk = hk, c.seed = seed++;
+        c.q_lens = {1, 1, 1}, c.kv_lens = {1, 129, 1000};
+        check_case(c);
+      }
+}
+
+TEST(DecodeCuda, AppendRunsOfOneToSixteenTokens) {
+  uint64_t seed = 100;
+  for (int q : {2, 5, 9, 16, 33})
+    for (auto [h, hk] : {std::pair{4, 4}, {32, 4}, {9, 3}}) {
+      DecCase c;
+      c.h = h, c.hk = hk, c.seed = seed++;
+      c.q_lens = {q, 1, q}, c.kv_lens = {q + 7, 300, 4097};
+      check_case(c);
+    }
+}
+
+TEST(DecodeCuda, QuantizedAndPaged) {
+  uint64_t seed = 200;
+  for (DType kv : {DType::kBF16, DType::kI8, DType::kFp8E4M3})
+    for (DType dt : kHalfTypes)
+      for (int page : {0, 16, 64})
+        for (int d : {64, 128}) {
+          if (kv == DType::kBF16 && dt == DType::kF16) continue;  // f16 K/V go with f16 queries
+          if (kv == DType::kFp8E4M3 && page == 0) continue;       // fp8 scales are per page
+          DecCase c;
+          c.dt = dt, c.kv = kv == DType::kBF16 ? dt : kv, c.page_size = page, c.d = d, c.seed = seed++;
+          c.h = 8, c.hk = 2;
+          c.q_lens = {1, 3, 1}, c.kv_lens = {17, 129, 2000};
+          check_case(c);
+        }
+}
+
+TEST(DecodeCuda, MasksAndScoreOptions) {
+  uint64_t seed = 300;
+  struct M {
+    bool causal;
+    int wl, wr, sinks;
+    bool sink_logits;
+    float softcap;
+  };
+  const M masks[] = {{false, -1, -1, 0, false, 0.0f}, {true, 100, 0, 0, false, 0.0f}, {true, 100, 0, 4, false, 0.0f},
+                     {true, 37, 0, 20, true, 0.0f},    {false, 50, 20, 0, false, 0.0f}, {true, -1, -1, 0, true, 30.0f},
+                     {true, 0, 0, 0, false, 0.0f},     {true, 255, 0, 1, true, 5.0f}};
+  for (const M& m : masks)
+    for (DType kv : {DType::kBF16, DType::kI8}) {
+      DecCase c;
+      c.causal = m.causal, c.wl = m.wl, c.wr = m.wr, c.sinks = m.sinks, c.sink_logits = m.sink_logits;
+      c.softcap = m.softcap, c.kv = kv, c.page_size = 16, c.seed = seed++;
+      c.q_lens = {1, 4, 16}, c.kv_lens = {7, 1000, 1000};
+      check_case(c);
+    }
+}
+
+TEST(DecodeCuda, SplitCountsAndEmptyRows) {
+  uint64_t seed = 400;
+  for (int splits : {0, 1, 3, 7, 64}) {
+    DecCase c;
+    c.splits = splits, c.seed = seed++;
+    c.q_lens = {1, 1, 2, 1}, c.kv_lens = {0, 5, 1, 4097};  // kv 0: an empty row (O = 0, LSE = -inf)
+    check_case(c);
+    c.sink_logits = true, c.seed = seed++;
+    check_case(c);
+  }
+}
+
+TEST(DecodeCuda, LongSequences) {
+  DecCase c;
+  c.h = 32, c.hk = 8, c.page_size = 16, c.seed = 500;
+  c.q_lens = {1, 2}, c.kv_lens = {100000, 32771};
+  check_case(c);
+  c.kv = DType::kFp8E4M3, c.seed = 501;
+  check_case(c);
+}
+
+// The same K/V, contiguous and paged, with the same split count: identical bits.
+TEST(DecodeCuda, PagedEqualsContiguous) {
+  for (DType kv : {DType::kBF16, DType::kI8}) {
+    DecCase c;
+    c.kv = kv, c.splits = 5, c.seed = 600, c.h = 9, c.hk = 3, c.d = 64;
+    c.q_lens = {1, 3, 1}, c.kv_lens = {1, 999, 3000};
+    const Problem pr = make_problem(c);
+    RunResult res[2];
+    for (int paged = 0; paged < 2; ++paged) {
+      c.page_size = paged ? 16 : 0;
+      KvData kvd = store_kv(pr.kf, pr.vf, c.kv_lens, c.hk, c.d, c.kv, c.page_size, 77);
+      DeviceProblem dp;
+      to_device(c, pr, kvd, dp);
+      attn::CudaOptions opt;
+      opt.impl = attn::Impl::kDecode, opt.num_splits = c.splits;
+      res[paged] = run_gpu(dp.g, pr.tq, dp.d_o, dp.d_lse, opt);
+    }
+    EXPECT_TRUE(res[0].o == res[1].o) << "paged and contiguous differ for " << dtype_name(kv);
+    EXPECT_EQ(std::memcmp(res[0].lse.data(), res[1].lse.data(), res[0].lse.size() * 4), 0);
+  }
+}
+
+// Captured once with fixed bounds, replayed after the lengths in device memory change.
+TEST(DecodeCuda, CudaGraphReplaysWithNewLengths) {
+  DecCase c;
+  c.page_size = 16, c.h = 8, c.hk = 2, c.seed = 700;
+  c.q_lens = {1, 1, 1}, c.kv_lens = {500, 2000, 64};
+  Problem pr = make_problem(c);
+  KvData kv = store_kv(pr.kf, pr.vf, c.kv_lens, c.hk, c.d, c.kv, c.page_size, 78);
+  DeviceProblem dp;
+  to_device(c, pr, kv, dp);
+  attn::CudaOptions opt;
+  opt.impl = attn::Impl::kDecode;
+  opt.max_q_len = 1, opt.max_kv_len = 2000, opt.num_splits = 4;
+  const size_t ws_bytes = attn::decode_workspace_bytes(dp.g, opt.max_q_len, opt.num_splits);
+  DeviceBuffer ws(ws_bytes);
+  opt.workspace = ws.get(), opt.workspace_bytes = ws_bytes;
+  cudaStream_t s;
+  GPU_CHECK(cudaStreamCreate(&s));
+  cudaGraph_t graph;
+  GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  const Status st = attn::attention_cuda(dp.g, s, opt);
+  GPU_CHECK(cudaStreamEndCapture(s, &graph));
+  ASSERT_TRUE(st.ok()) << st.message();
+  cudaGraphExec_t exec;
+  GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  // Shorter sequences, same pages: only the device-side lengths change.
+  for (const std::vector<int>& lens : {std::vector<int>{500, 2000, 64}, std::vector<int>{3, 1999, 17}}) {
+    DecCase cc = c;
+    cc.kv_lens = lens;
+    Problem p2 = pr;
+    for (int b = 0; b < 3; ++b) p2.cu_k[b + 1] = p2.cu_k[b] + lens[b];
+    // The reference sees the same pages: keep the page table, shorten the lengths.
+    std::vector<float> o_ref, lse_ref;
+    AttentionParams hp = base_params(cc, p2);
+    kv.bind(hp, c.page_size, false);
+    hp.k_head_stride = hp.v_head_stride = c.d;
+    std::vector<float> kd(p2.tk ? p2.cu_k[3] * c.hk * c.d : 0), vd(kd.size());
+    for (int b = 0; b < 3; ++b) {
+      const attn::KvSeq ks = attn::make_kv_seq(hp, b, false), vs = attn::make_kv_seq(hp, b, true);
+      for (int t = 0; t < lens[b]; ++t)
+        for (int h = 0; h < c.hk; ++h)
+          for (int x = 0; x < c.d; ++x) {
+            const size_t i = ((p2.cu_k[b] + t) * int64_t(c.hk) + h) * c.d + x;
+            kd[i] = ks.load(t, h, x), vd[i] = vs.load(t, h, x);
+          }
+    }
+    AttentionParams r = base_params(cc, p2);
+    r.kv_dtype = DType::kF32, r.k = kd.data(), r.v = vd.data();
+    r.k_row_stride = r.v_row_stride = int64_t(c.hk) * c.d, r.k_head_stride = r.v_head_stride = c.d;
+    o_ref.assign(p2.tq * c.h * c.d, 0.0f), lse_ref.assign(p2.tq * c.h, 0.0f);
+    parallel_reference(r, o_ref, lse_ref, p2.tq);
+
+    dp.dck.upload(p2.cu_k);
+    GPU_CHECK(cudaMemset(dp.d_o.get(), 0xff, dp.d_o.bytes()));
+    GPU_CHECK(cudaMemset(dp.d_lse.get(), 0xff, dp.d_lse.bytes()));
+    GPU_CHECK(cudaGraphLaunch(exec, s));
+    GPU_CHECK(cudaStreamSynchronize(s));
+    RunResult out;
+    out.o.resize(p2.tq * c.h * c.d), out.lse.resize(p2.tq * c.h);
+    dp.d_o.download(out.o), dp.d_lse.download(out.lse);
+    compare(out, o_ref, lse_ref, c.dt, kTolBf16, 8e-3);
+  }
+  GPU_CHECK(cudaGraphExecDestroy(exec));
+  GPU_CHECK(cudaGraphDestroy(graph));
+  GPU_CHECK(cudaStreamDestroy(s));
+}
+
+TEST(DecodeCuda, UnsupportedInputsAreErrors) {
+  DecCase c;
+  c.q_lens = {1}, c.kv_lens = {10};
+  const Problem pr = make_problem(c);
+  KvData kv = store_kv(pr.kf, pr.vf, c.kv_lens, c.hk, c.d, c.kv, 0, 1);
+  DeviceProblem dp;
+  to_device(c, pr, kv, dp);
+  attn::CudaOptions opt;
+  opt.impl = attn::Impl::kDecode;
+  AttentionParams g = dp.g;
+  g.kv_dtype = DType::kFp8E4M3;  // contiguous fp8: no per-page scale
+  g.k_scale = g.v_scale = dp.dsink.get<float>();
+  EXPECT_FALSE(attn::attention_cuda(g, nullptr, opt).ok());
+  g = dp.g;
+  g.kv_dtype = DType::kI8;  // no scales
+  EXPECT_FALSE(attn::attention_cuda(g, nullptr, opt).ok());
+  g = dp.g;
+  g.page_size = 16;  // no page table
+  EXPECT_FALSE(attn::attention_cuda(g, nullptr, opt).ok());
+  g = dp.g;
+  opt.num_splits = 4, opt.workspace = dp.d_o.get(), opt.workspace_bytes = 8;  // too small
+  EXPECT_FALSE(attn::attention_cuda(g, nullptr, opt).ok());
+}
+
+// Small shapes for compute-sanitizer (memcheck, racecheck): every format, paged and split.
+TEST(DecodeCudaSmall, AllPaths) {
+  uint64_t seed = 900;
+  for (DType kv : {DType::kBF16, DType::kI8, DType::kFp8E4M3}) {
+    DecCase c;
+    c.kv = kv, c.page_size = 16, c.splits = 3, c.seed = seed++, c.d = 64, c.h = 9, c.hk = 3;
+    c.q_lens = {1, 2}, c.kv_lens = {33, 70};
+    c.wl = 40, c.sinks = 2, c.sink_logits = true;
+    check_case(c);
+  }
+}
+
+}  // namespace
+}  // namespace escala::gputest
