@@ -324,6 +324,7 @@ HWY_AFTER_NAMESPACE();
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -417,6 +418,33 @@ Status matmul(const WeightView& w_in, const float* x, int64_t m, float* y, int t
   // Chunks of rows small enough to balance, large enough to amortize the dispatch.
   const int64_t chunk = std::max<int64_t>(4, std::min<int64_t>(64, rows / (4 * nthreads) + 1));
   const int64_t nchunks = (rows + chunk - 1) / chunk;
+
+  // Diagnostic: ESCALA_F32_ACTIVATIONS=1 keeps the activations in f32 (dequantized weight rows,
+  // double accumulation), to tell the error of the 8-bit activations from any other (slow).
+  static const bool f32_acts = [] {
+    const char* e = std::getenv("ESCALA_F32_ACTIVATIONS");
+    return e && *e && *e != '0';
+  }();
+  if (f32_acts && is_quantized(w_in.type)) {
+#pragma omp parallel num_threads(nthreads) if (nchunks > 1 && nthreads > 1)
+    {
+      std::vector<float> scratch(static_cast<size_t>(w_in.cols));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t c = 0; c < nchunks; ++c) {
+        const int64_t r0 = c * chunk, r1 = std::min(rows, r0 + chunk);
+        for (int64_t row = r0; row < r1; ++row) {
+          dequantize_row(w_in.type, static_cast<const uint8_t*>(args.w.data) + row * int64_t(args.w.row_stride),
+                         scratch.data(), w_in.cols);
+          for (int64_t t = 0; t < m; ++t) {
+            double acc = 0;
+            for (int64_t i = 0; i < w_in.cols; ++i) acc += double(scratch[size_t(i)]) * x[t * w_in.cols + i];
+            y[t * rows + row] = float(acc);
+          }
+        }
+      }
+    }
+    return {};
+  }
 
   const bool k_quant = w_in.type == TensorType::kQ4_K || w_in.type == TensorType::kQ6_K;
   if (k_quant && vnni_active()) {
