@@ -4,6 +4,13 @@
 // per group, and an item walks whole rows of the cache (all kv heads of a token are adjacent), which
 // streams memory far better than one head's short runs at a stride. Splits (Flash-Decoding) give
 // every thread work at batch 1; their partial results are merged exactly through the log-sum-exp.
+//
+// K and V are read in their stored type and converted in registers (bf16/f16 by promotion, int8 by
+// conversion, fp8 e4m3 by moving its bits into an f16: exact, no table); per-token and per-page
+// scales multiply scores and weights, not elements. QK computes one score per (row, key) pair for
+// a lane's worth of pairs at once (NR rows x L/NR keys), then reduces those L accumulators to one
+// vector with a transpose-add tree (L-1 pairwise steps instead of one horizontal sum per pair).
+// Keys stored before RoPE, or head dims that are not whole vectors, go through an f32 staging tile.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention/cpu/decode.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -20,6 +27,7 @@
 #include "attention/kv_layout.h"
 #include "attention/variant.h"
 #include "hwy/aligned_allocator.h"
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
@@ -29,10 +37,12 @@ namespace {
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
+constexpr int kLanes = int(hn::MaxLanes(DF()));
 
-constexpr int kBlock = 32;            // keys per block
+constexpr int kBlock = 32;              // keys per block
 constexpr int64_t kMinSplitKeys = 256;  // a split shorter than this costs more to merge than it saves
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kFp8Unbias = 256.0f;    // e4m3 bits read as f16 are the value times 2^-8
 
 struct Geometry {
   int32_t b;
@@ -42,120 +52,247 @@ struct Geometry {
   int splits;
 };
 
+// Rows per QK/PV pass: 4 (padded) unless a kv head has only 1 or 2 rows (1 on one-lane targets).
+int rows_per_pass(int rows) { return kLanes < 4 ? 1 : rows >= 3 ? 4 : std::max(rows, 1); }
+int padded_rows(int rows) {
+  const int nr = rows_per_pass(rows);
+  return (rows + nr - 1) / nr * nr;
+}
+
 struct Scratch {
-  hwy::AlignedFreeUniquePtr<float[]> q, kf, vf, s, o, m, l, alpha;
-  void init(int rows, int d, int dv) {
+  hwy::AlignedFreeUniquePtr<float[]> q, kf, vf, s, w, o, m, l, alpha, ks, vs;
+  std::vector<const uint8_t*> kp, vp;
+  void init(int rows, int d, int dv) {  // rows: every kv head's padded rows
     q = hwy::AllocateAligned<float>(size_t(rows) * d);
     kf = hwy::AllocateAligned<float>(size_t(kBlock) * d);
     vf = hwy::AllocateAligned<float>(size_t(kBlock) * dv);
-    s = hwy::AllocateAligned<float>(size_t(rows) * kBlock + 64);
+    s = hwy::AllocateAligned<float>(size_t(rows) * kBlock);
+    w = hwy::AllocateAligned<float>(size_t(rows) * kBlock);
     o = hwy::AllocateAligned<float>(size_t(rows) * dv);
     m = hwy::AllocateAligned<float>(rows);
     l = hwy::AllocateAligned<float>(rows);
     alpha = hwy::AllocateAligned<float>(rows);
+    ks = hwy::AllocateAligned<float>(kBlock);
+    vs = hwy::AllocateAligned<float>(kBlock);
+    kp.resize(kBlock + kLanes);
+    vp.resize(kBlock + kLanes);
   }
 };
 
-// Dot products of `rows` query rows with `nk` keys: s[r][j] = q[r] . k[j]. Four keys at a time
-// for independent FMA chains; one horizontal sum per (row, key).
-HWY_ATTR void scores(const float* HWY_RESTRICT q, const float* HWY_RESTRICT kf, int rows, int nk, int d,
-                     float* HWY_RESTRICT s) {
-  const DF df;
-  const int L = int(hn::Lanes(df));
-  for (int r = 0; r < rows; ++r) {
-    const float* qr = q + size_t(r) * d;
-    float* sr = s + size_t(r) * kBlock;
-    int j = 0;
-    for (; j + 4 <= nk; j += 4) {
-      const float* k0 = kf + size_t(j) * d;
-      VF a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
-      for (int c = 0; c < d; c += L) {
-        const VF qv = hn::Load(df, qr + c);
-        a0 = hn::MulAdd(qv, hn::Load(df, k0 + c), a0);
-        a1 = hn::MulAdd(qv, hn::Load(df, k0 + d + c), a1);
-        a2 = hn::MulAdd(qv, hn::Load(df, k0 + 2 * d + c), a2);
-        a3 = hn::MulAdd(qv, hn::Load(df, k0 + 3 * d + c), a3);
-      }
-      sr[j] = hn::GetLane(hn::SumOfLanes(df, a0));
-      sr[j + 1] = hn::GetLane(hn::SumOfLanes(df, a1));
-      sr[j + 2] = hn::GetLane(hn::SumOfLanes(df, a2));
-      sr[j + 3] = hn::GetLane(hn::SumOfLanes(df, a3));
-    }
-    for (; j < nk; ++j) {
-      VF a0 = hn::Zero(df);
-      for (int c = 0; c < d; c += L) a0 = hn::MulAdd(hn::Load(df, qr + c), hn::Load(df, kf + size_t(j) * d + c), a0);
-      sr[j] = hn::GetLane(hn::SumOfLanes(df, a0));
-    }
+// Lanes [c, c + L) of a stored row, in f32 and unscaled (fp8: times 2^-8).
+template <DType T>
+HWY_INLINE VF load_lanes(DF df, const uint8_t* HWY_RESTRICT row, size_t c) {
+  if constexpr (T == DType::kF32) {
+    return hn::LoadU(df, reinterpret_cast<const float*>(row) + c);
+  } else if constexpr (T == DType::kBF16) {
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::Rebind<uint32_t, DF> du;
+    const auto x = hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(row) + c));
+    return hn::BitCast(df, hn::ShiftLeft<16>(x));
+  } else if constexpr (T == DType::kF16) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + c));
+  } else if constexpr (T == DType::kI8) {
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::Rebind<int32_t, DF> di;
+    return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(row) + c)));
+  } else {
+    // e4m3 (sign, 4 exponent bits, bias 7, 3 mantissa bits) shifted into f16's fields is the value
+    // times 2^-8, subnormals included; the sign comes along through the sign extension.
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::Rebind<int16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto x = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(row) + c));
+    const auto h = hn::And(hn::ShiftLeft<7>(x), hn::Set(d16, int16_t(-16512)));  // 0xBF80
+    return hn::PromoteTo(df, hn::BitCast(dh, h));
   }
 }
 
-// o[r] = o[r] * alpha[r] + sum_j p[r][j] v[j] for all rows; two rows share each V load, and up to
-// kMaxVecs accumulators per row stay in registers.
-constexpr int kMaxVecs = 8;
-HWY_ATTR void accumulate_pv(const float* HWY_RESTRICT p, const float* HWY_RESTRICT vf, const float* alpha, int rows,
-                            int nk, int dvp, float* HWY_RESTRICT o) {
+// a[i] becomes the sum of the lanes of a[i] for i < L, all in one vector (lane i): log2(L) levels
+// of pairwise odd+even concatenations.
+HWY_INLINE VF reduce_transpose(DF df, VF* a) {
+#if HWY_TARGET != HWY_SCALAR  // one lane: nothing to reduce
+  for (int n = kLanes; n > 1; n /= 2)
+    for (int i = 0; i < n / 2; ++i)
+      a[i] = hn::Add(hn::ConcatOdd(df, a[2 * i + 1], a[2 * i]), hn::ConcatEven(df, a[2 * i + 1], a[2 * i]));
+#else
+  (void)df;
+#endif
+  return a[0];
+}
+
+// s[r][j] = q[r] . k[j] for NR rows (stride dp) and nk keys (kp padded to a multiple of L/NR keys).
+template <DType T, int NR>
+HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* const* kp, int nk,
+                      float* HWY_RESTRICT s) {
   const DF df;
-  const int L = int(hn::Lanes(df));
-  for (int c0 = 0; c0 < dvp; c0 += kMaxVecs * L) {
-    const int nv = std::min(kMaxVecs, (dvp - c0) / L);
-    for (int r = 0; r < rows; r += 2) {
-      const bool two = r + 1 < rows;
-      const float* p0 = p + size_t(r) * kBlock;
-      const float* p1 = two ? p0 + kBlock : p0;
-      float* o0 = o + size_t(r) * dvp + c0;
-      float* o1 = two ? o0 + dvp : o0;
-      VF a0[kMaxVecs], a1[kMaxVecs];
-      const VF al0 = hn::Set(df, alpha[r]), al1 = hn::Set(df, two ? alpha[r + 1] : 0.0f);
-      for (int v = 0; v < kMaxVecs; ++v) a0[v] = a1[v] = hn::Zero(df);
-      for (int v = 0; v < kMaxVecs; ++v)
-        if (v < nv) {
-          a0[v] = hn::Mul(hn::Load(df, o0 + v * L), al0);
-          a1[v] = hn::Mul(hn::Load(df, o1 + v * L), al1);
-        }
-      for (int j = 0; j < nk; ++j) {
-        const VF w0 = hn::Set(df, p0[j]), w1 = hn::Set(df, p1[j]);
-        const float* vr = vf + size_t(j) * dvp + c0;
-        for (int v = 0; v < kMaxVecs; ++v)
-          if (v < nv) {
-            const VF x = hn::Load(df, vr + v * L);
-            a0[v] = hn::MulAdd(w0, x, a0[v]);
-            a1[v] = hn::MulAdd(w1, x, a1[v]);
-          }
+  constexpr int NK = std::max(1, kLanes / NR);
+  for (int j = 0; j < nk; j += NK) {
+    VF acc[kLanes];
+    for (int a = 0; a < kLanes; ++a) acc[a] = hn::Zero(df);
+    const uint8_t* k[NK];
+    for (int kk = 0; kk < NK; ++kk) k[kk] = kp[j + kk];
+    for (size_t c = 0; c < dp; c += kLanes) {
+      VF qv[NR];
+      for (int r = 0; r < NR; ++r) qv[r] = hn::Load(df, q + r * dp + c);
+      for (int kk = 0; kk < NK; ++kk) {
+        const VF kv = load_lanes<T>(df, k[kk], c);
+        for (int r = 0; r < NR; ++r) acc[kk * NR + r] = hn::MulAdd(qv[r], kv, acc[kk * NR + r]);
       }
-      for (int v = 0; v < kMaxVecs; ++v)
+    }
+    alignas(64) float t[kLanes];
+    hn::Store(reduce_transpose(df, acc), df, t);
+    for (int kk = 0; kk < NK; ++kk)
+      for (int r = 0; r < NR; ++r) s[r * kBlock + j + kk] = t[kk * NR + r];
+  }
+}
+
+// o[r] = o[r] * alpha[r] + sum_j w[r][j] v[j] for NR rows (stride dvp); NV accumulators per row.
+template <DType T, int NR>
+HWY_ATTR void pv_pass(const float* HWY_RESTRICT w, const uint8_t* const* vp, const float* alpha, int nk, size_t dvp,
+                      float* HWY_RESTRICT o) {
+  const DF df;
+  constexpr int NV = std::max(1, (kLanes >= 16 ? 16 : 8) / NR);
+  for (size_t c0 = 0; c0 < dvp; c0 += NV * kLanes) {
+    const int nv = int(std::min<size_t>(NV, (dvp - c0) / kLanes));
+    VF acc[NR][NV];
+    for (int r = 0; r < NR; ++r) {
+      const VF al = hn::Set(df, alpha[r]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = v < nv ? hn::Mul(hn::Load(df, o + r * dvp + c0 + v * kLanes), al) : al;
+    }
+    for (int j = 0; j < nk; ++j) {
+      VF wr[NR];
+      for (int r = 0; r < NR; ++r) wr[r] = hn::Set(df, w[r * kBlock + j]);
+      const uint8_t* vr = vp[j];
+      for (int v = 0; v < NV; ++v)
         if (v < nv) {
-          hn::Store(a0[v], df, o0 + v * L);
-          if (two) hn::Store(a1[v], df, o1 + v * L);
+          const VF x = load_lanes<T>(df, vr, c0 + v * kLanes);
+          for (int r = 0; r < NR; ++r) acc[r][v] = hn::MulAdd(wr[r], x, acc[r][v]);
         }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int v = 0; v < NV; ++v)
+        if (v < nv) hn::Store(acc[r][v], df, o + r * dvp + c0 + v * kLanes);
+  }
+}
+
+// All rows of one kv head (rows a multiple of NR) against one block of keys.
+template <DType T, int NR>
+HWY_ATTR void qk_rows(const float* q, size_t dp, const uint8_t* const* kp, int nk, int rows, float* s) {
+  for (int r = 0; r < rows; r += NR) qk_pass<T, NR>(q + size_t(r) * dp, dp, kp, nk, s + size_t(r) * kBlock);
+}
+template <DType T, int NR>
+HWY_ATTR void pv_rows(const float* w, const uint8_t* const* vp, const float* alpha, int nk, int rows, size_t dvp,
+                      float* o) {
+  for (int r = 0; r < rows; r += NR)
+    pv_pass<T, NR>(w + size_t(r) * kBlock, vp, alpha + r, nk, dvp, o + size_t(r) * dvp);
+}
+
+using QkFn = void (*)(const float*, size_t, const uint8_t* const*, int, int, float*);
+using PvFn = void (*)(const float*, const uint8_t* const*, const float*, int, int, size_t, float*);
+
+template <DType T>
+void pick_kernels(int nr, QkFn* qk, PvFn* pv) {
+  if constexpr (kLanes < 4) {  // one-lane targets: one row per pass
+    (void)nr;
+    *qk = &qk_rows<T, 1>;
+    *pv = &pv_rows<T, 1>;
+  } else {
+    switch (nr) {
+      case 1: *qk = &qk_rows<T, 1>; *pv = &pv_rows<T, 1>; break;
+      case 2: *qk = &qk_rows<T, 2>; *pv = &pv_rows<T, 2>; break;
+      default: *qk = &qk_rows<T, 4>; *pv = &pv_rows<T, 4>; break;
+    }
+  }
+}
+void pick_kernels(DType t, int nr, QkFn* qk, PvFn* pv) {
+  switch (t) {
+    case DType::kBF16: pick_kernels<DType::kBF16>(nr, qk, pv); break;
+    case DType::kF16: pick_kernels<DType::kF16>(nr, qk, pv); break;
+    case DType::kI8: pick_kernels<DType::kI8>(nr, qk, pv); break;
+    case DType::kFp8E4M3: pick_kernels<DType::kFp8E4M3>(nr, qk, pv); break;
+    default: pick_kernels<DType::kF32>(nr, qk, pv); break;
+  }
+}
+
+// Requests the cache lines of `bytes` bytes at p.
+HWY_INLINE void prefetch_row(const uint8_t* p, int bytes) {
+  for (int b = 0; b < bytes; b += 64) hwy::Prefetch(p + b);
+}
+
+// Where keys [j0, j0 + n) of a sequence live: the kv-head-0 row of K and of V (bytes), and the
+// index of their head-0 scale (quantized formats). The same addressing as KvSeq, walked page by
+// page instead of dividing per row and head.
+struct RowBases {
+  const uint8_t* k[kBlock];
+  const uint8_t* v[kBlock];
+  int64_t scale[kBlock];
+  int n = 0;
+};
+void row_bases(const KvSeq& K, const KvSeq& V, int64_t j0, int n, RowBases& rb) {
+  const int64_t eb = K.elem_bytes;
+  rb.n = n;
+  if (K.page_size == 0) {
+    for (int j = 0; j < n; ++j) {
+      const int64_t t = K.first_row + j0 + j;
+      rb.k[j] = K.data + t * K.row_stride * eb;
+      rb.v[j] = V.data + t * V.row_stride * eb;
+      rb.scale[j] = t * K.num_kv_heads;  // int8: per token slot (fp8 needs pages)
+    }
+    return;
+  }
+  const int64_t ps = K.page_size;
+  int64_t pi = j0 / ps, off = j0 % ps;
+  for (int j = 0; j < n; ++j) {
+    const int64_t page = K.pages[pi];
+    rb.k[j] = K.data + (page * K.page_stride + off * K.row_stride) * eb;
+    rb.v[j] = V.data + (page * V.page_stride + off * V.row_stride) * eb;
+    rb.scale[j] = (K.dtype == DType::kFp8E4M3 ? page : page * ps + off) * K.num_kv_heads;
+    if (++off == ps) {
+      off = 0;
+      ++pi;
     }
   }
 }
 
 // One split of one sequence, every kv head: writes normalised partial O rows and their LSE.
-// Row r of kv head hk is (query r / group, query head hk * group + r % group).
+// Row r of kv head hk is (query r / group, query head hk * group + r % group); rows past
+// q_len * group are padding (zero queries) whose results are dropped.
 HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, Scratch& sc, float* out_o,
                         float* out_lse) {
   const DF df;
-  const int L = int(hn::Lanes(df));
+  const int L = kLanes;
   const int d = p.head_dim, dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
   const int group = p.num_heads / p.num_kv_heads, nh = p.num_kv_heads;
-  const int rows = int(g.q_len) * group;  // per kv head
+  const int real_rows = int(g.q_len) * group;  // per kv head
+  const int nr = rows_per_pass(real_rows), rows = padded_rows(real_rows);
   const Mask mask{p.causal, p.window_left, p.window_right, p.num_sinks};
   const KvSeq K = make_kv_seq(p, g.b, false), V = make_kv_seq(p, g.b, true);
   const int64_t pos0 = g.kv_len - g.q_len;  // aligned position of query 0
+
+  // Rows are read straight from the cache when they are whole vectors and need no rotation;
+  // otherwise they are staged in f32 (scaled, rotated, zero-padded to whole vectors).
+  const bool direct = d % L == 0 && dv % L == 0 && p.rope_inv_freq == nullptr;
+  const DType t = direct ? p.kv_dtype : DType::kF32;
+  const bool quant = direct && is_quantized(p.kv_dtype);
+  const float unbias = t == DType::kFp8E4M3 ? kFp8Unbias : 1.0f;
+  QkFn qk;
+  PvFn pv;
+  pick_kernels(t, nr, &qk, &pv);
+  const size_t kbytes = size_t(d) * dtype_size(p.kv_dtype), vbytes = size_t(dv) * dtype_size(p.kv_dtype);
 
   // Queries, pre-scaled; head dims are multiples of 8, vectors may be 16 wide: pad with zeros.
   const int dp = (d + L - 1) / L * L, dvp = (dv + L - 1) / L * L;
   float* q = sc.q.get();
   const size_t qb = dtype_size(p.q_dtype);
+  std::fill(q, q + size_t(nh) * rows * dp, 0.0f);
   for (int hk = 0; hk < nh; ++hk)
-    for (int r = 0; r < rows; ++r) {
+    for (int r = 0; r < real_rows; ++r) {
       const int64_t i = r / group;
       const int h = hk * group + r % group;
       float* dst = q + (size_t(hk) * rows + r) * dp;
       const auto* src = static_cast<const uint8_t*>(p.q) + ((g.q0 + i) * p.q_row_stride + h * p.q_head_stride) * qb;
       row_to_f32(src, p.q_dtype, d, effective_scale(p), dst);
-      std::fill(dst + d, dst + dp, 0.0f);
     }
   float* o = sc.o.get();
   std::fill(o, o + size_t(nh) * rows * dvp, 0.0f);
@@ -169,17 +306,35 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
   const int64_t per = (total + g.splits - 1) / g.splits;
   const int64_t v_lo = std::min(total, int64_t(split) * per), v_hi = std::min(total, v_lo + per);
   auto key_of = [&](int64_t v) { return v < g.sink_end ? v : g.range_begin + (v - g.sink_end); };
+  auto block_end = [&](int64_t v0) {  // a block never straddles the sink/window boundary
+    int64_t v1 = std::min(v_hi, v0 + kBlock);
+    if (v0 < g.sink_end) v1 = std::min(v1, g.sink_end);
+    return v1;
+  };
 
   float* kf = sc.kf.get();
   float* vf = sc.vf.get();
   float* s = sc.s.get();
+  float* w = sc.w.get();
   float* alpha = sc.alpha.get();
+  float* ks = sc.ks.get();
+  float* vs = sc.vs.get();
+  const uint8_t** kp = sc.kp.data();
+  const uint8_t** vp = sc.vp.data();
+  RowBases bases[2];
+  int cur_i = 0;
   for (int64_t v0 = v_lo; v0 < v_hi;) {
-    // A block never straddles the sink/window boundary, so its keys are contiguous.
-    int64_t v1 = std::min(v_hi, v0 + kBlock);
-    if (v0 < g.sink_end) v1 = std::min(v1, g.sink_end);
+    const int64_t v1 = block_end(v0);
     const int nk = int(v1 - v0);
     const int64_t j0 = key_of(v0);
+    const int next_i = 1 - cur_i;
+    if (direct) {  // row addresses of this block (computed as the previous one's next) and the next
+      if (v0 == v_lo) row_bases(K, V, j0, nk, bases[cur_i]);
+      const int64_t v2 = v1 < v_hi ? block_end(v1) : v1;
+      row_bases(K, V, v1 < v_hi ? key_of(v1) : 0, int(v2 - v1), bases[next_i]);
+    }
+    const RowBases& cur = bases[cur_i];
+    const RowBases& next = bases[next_i];
     // Per-element masking only when some (query, key) pair of the block may be invisible.
     const int64_t jl = j0 + nk - 1, pos_hi = pos0 + g.q_len - 1;
     const bool full = (!p.causal || jl <= pos0) &&
@@ -191,15 +346,40 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
       float* oh = o + size_t(hk) * rows * dvp;
       float* mh = m + hk * rows;
       float* lh = l + hk * rows;
-      load_kv_tile(K, hk, j0, j0 + nk, d, nk, kf, dp, p.rope_inv_freq, p.rope_neox);
-      load_kv_tile(V, hk, j0, j0 + nk, dv, nk, vf, dvp);
-      if (dp != d)
-        for (int j = 0; j < nk; ++j) std::fill(kf + size_t(j) * dp + d, kf + size_t(j) * dp + dp, 0.0f);
-      if (dvp != dv)
-        for (int j = 0; j < nk; ++j) std::fill(vf + size_t(j) * dvp + dv, vf + size_t(j) * dvp + dvp, 0.0f);
-      scores(qh, kf, rows, nk, dp, s);
+      if (direct) {
+        const int64_t kh = hk * K.head_stride * K.elem_bytes, vh = hk * V.head_stride * V.elem_bytes;
+        for (int j = 0; j < nk; ++j) {
+          kp[j] = cur.k[j] + kh;
+          vp[j] = cur.v[j] + vh;
+        }
+        if (quant) {
+          for (int j = 0; j < nk; ++j) {
+            ks[j] = K.scale[cur.scale[j] + hk] * unbias;
+            vs[j] = V.scale[cur.scale[j] + hk] * unbias;
+          }
+          std::fill(ks + nk, ks + nkp, 0.0f);
+          std::fill(vs + nk, vs + nkp, 0.0f);
+        }
+        for (int j = 0; j < next.n; ++j) {  // the same head of the next block
+          prefetch_row(next.k[j] + kh, int(kbytes));
+          prefetch_row(next.v[j] + vh, int(vbytes));
+        }
+      } else {
+        load_kv_tile(K, hk, j0, j0 + nk, d, nk, kf, dp, p.rope_inv_freq, p.rope_neox);
+        load_kv_tile(V, hk, j0, j0 + nk, dv, nk, vf, dvp);
+        for (int j = 0; j < nk; ++j) {
+          if (dp != d) std::fill(kf + size_t(j) * dp + d, kf + size_t(j) * dp + dp, 0.0f);
+          if (dvp != dv) std::fill(vf + size_t(j) * dvp + dv, vf + size_t(j) * dvp + dvp, 0.0f);
+          kp[j] = reinterpret_cast<const uint8_t*>(kf + size_t(j) * dp);
+          vp[j] = reinterpret_cast<const uint8_t*>(vf + size_t(j) * dvp);
+        }
+      }
+      for (int j = nk; j < nkp; ++j) kp[j] = kp[nk - 1];  // whole passes of keys; results dropped
+      qk(qh, size_t(dp), kp, nk, rows, s);
       for (int r = 0; r < rows; ++r) {
         float* sr = s + size_t(r) * kBlock;
+        if (quant)
+          for (int j = 0; j < nkp; j += L) hn::Store(hn::Mul(hn::Load(df, sr + j), hn::Load(df, ks + j)), df, sr + j);
         if (p.softcap > 0.0f) {
           const VF cap = hn::Set(df, p.softcap), inv = hn::Set(df, 1.0f / p.softcap);
           for (int j = 0; j < nkp; j += L)
@@ -211,12 +391,13 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
           for (int j = 0; j < nk; ++j)
             if (!mask.visible(pos, j0 + j)) sr[j] = kNegInf;
         }
+        float* wr = w + size_t(r) * kBlock;
         VF vmax = hn::Set(df, mh[r]);
         for (int j = 0; j < nkp; j += L) vmax = hn::Max(vmax, hn::Load(df, sr + j));
         const float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
         if (mx == kNegInf) {  // nothing visible yet for this row: weights 0, state unchanged
           alpha[r] = 1.0f;
-          std::fill(sr, sr + nkp, 0.0f);
+          std::fill(wr, wr + nkp, 0.0f);
           continue;
         }
         alpha[r] = std::exp(mh[r] - mx);
@@ -225,24 +406,26 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
         for (int j = 0; j < nkp; j += L) {
           const VF e = hn::Exp(df, hn::Sub(hn::Load(df, sr + j), vm));
           sum = hn::Add(sum, e);
-          hn::Store(e, df, sr + j);
+          hn::Store(quant ? hn::Mul(e, hn::Load(df, vs + j)) : e, df, wr + j);
         }
         lh[r] = lh[r] * alpha[r] + hn::GetLane(hn::SumOfLanes(df, sum));
         mh[r] = mx;
       }
-      accumulate_pv(s, vf, alpha, rows, nk, dvp, oh);
+      pv(w, vp, alpha, nk, rows, size_t(dvp), oh);
     }
     v0 = v1;
+    cur_i = next_i;
   }
-  for (int r = 0; r < nh * rows; ++r) {
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    for (int c = 0; c < dv; ++c) out_o[size_t(r) * dv + c] = o[size_t(r) * dvp + c] * inv;
-    out_lse[r] = l[r] > 0.0f ? m[r] + std::log(l[r]) : kNegInf;
-  }
+  for (int hk = 0; hk < nh; ++hk)
+    for (int r = 0; r < real_rows; ++r) {
+      const int rp = hk * rows + r, ro = hk * real_rows + r;
+      const float inv = l[rp] > 0.0f ? 1.0f / l[rp] : 0.0f;
+      for (int c = 0; c < dv; ++c) out_o[size_t(ro) * dv + c] = o[size_t(rp) * dvp + c] * inv;
+      out_lse[ro] = l[rp] > 0.0f ? m[rp] + std::log(l[rp]) : kNegInf;
+    }
 }
 
 }  // namespace
-
 HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int num_splits, SeqRange range) {
   const int dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
   const int group = p.num_heads / p.num_kv_heads;
@@ -251,7 +434,8 @@ HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int
 
   // Geometry per sequence and its split count.
   std::vector<Geometry> geo;
-  int max_rows = 0;  // rows of one item: every kv head's (queries x group)
+  int max_rows = 0;      // rows of one item: every kv head's (queries x group)
+  int max_pad_rows = 0;  // the same, each kv head's rows padded to whole passes
   for (int32_t b = 0; b < p.batch; ++b) {
     Geometry g{};
     g.b = b;
@@ -264,6 +448,7 @@ HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int
     g.range_begin = std::min(mask.window_begin(pos_lo), g.range_end);
     g.sink_end = std::min<int64_t>(p.num_sinks, g.range_begin);
     max_rows = std::max(max_rows, int(g.q_len) * p.num_heads);
+    max_pad_rows = std::max(max_pad_rows, padded_rows(int(g.q_len) * group) * p.num_kv_heads);
     // Splits from this sequence alone (its length and the threads), never from the rest of the
     // batch: enough items to keep every thread busy, none shorter than kMinSplitKeys.
     const int64_t keys = g.sink_end + g.range_end - g.range_begin;
@@ -283,7 +468,7 @@ HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int
 #pragma omp parallel num_threads(threads)
   {
     Scratch sc;
-    sc.init(max_rows, d_pad, dv_pad);
+    sc.init(max_pad_rows, d_pad, dv_pad);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
       const size_t gi = size_t(std::upper_bound(first_item.begin(), first_item.end(), it) - first_item.begin() - 1);
