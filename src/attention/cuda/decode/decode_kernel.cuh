@@ -31,29 +31,63 @@ namespace escala::attn::cuda {
 template <int D, class T, KvFormat F>
 struct DecodeCfg {
   static constexpr int kWarps = 4, kThreads = 32 * kWarps;
-  static constexpr int kKeys = 16;  // keys per warp tile
   static constexpr bool kQuant = F != KvFormat::kHalf;
   using MmaT = std::conditional_t<kQuant, __half, T>;
   static constexpr int kElemBytes = kQuant ? 1 : 2;
   static constexpr int kRowBytes = D * kElemBytes;
+  // Keys per warp tile: 32 for rows of up to 128 bytes, so the per-tile softmax and bookkeeping
+  // are paid per 8 KB of K/V at least.
+  static constexpr int kKeys = kRowBytes <= 128 ? 32 : 16;
+  static constexpr int kNT = kKeys / 8;  // score n-tiles per warp tile
   static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per row
-  static constexpr int kSwizzle = kChunks >= 8 ? 7 : kChunks - 1;
-  static constexpr int kTileBytes = kKeys * kRowBytes;
+  // Rows padded by 16 bytes: consecutive rows start 4 banks apart, so ldmatrix and the 32-bit
+  // loads of 8-bit rows are conflict-free, and a row stays one contiguous bulk copy.
+  static constexpr int kRowPitch = kRowBytes + 16;
+  // Bulk copies pay per request: worth it for rows of 256 bytes and more (cp.async otherwise).
+  static constexpr bool kBulkRows = kRowBytes >= 256;
+  static constexpr int kTileBytes = kKeys * kRowPitch;
   static constexpr int kScaleBytes = kQuant ? 2 * kKeys * 4 : 0;
   static constexpr int kStageBytes = 2 * kTileBytes + kScaleBytes;
-  // ~24 KB in flight per warp: 2 CTAs per SM on Hopper for d <= 128.
-  static constexpr int kStagesRaw = 24576 / kStageBytes;
+  // ~28 KB of ring per warp: two CTAs (8 warps) per SM on Hopper for d <= 128.
+  static constexpr int kStagesRaw = 28672 / kStageBytes;
   static constexpr int kStages = kStagesRaw < 2 ? 2 : (kStagesRaw > 6 ? 6 : kStagesRaw);
   static constexpr int kRingBytes = kWarps * kStages * kStageBytes;
   static constexpr int kMergeBytes = (kWarps * 16 * D + 2 * kWarps * 16 + 2 * 16) * 4;
-  static constexpr int kSmemBytes = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+  static constexpr int kBarOffset = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
+  static constexpr int kSmemBytes = kBarOffset + kWarps * kStages * 8;  // + one mbarrier per stage
 };
 
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
 }
 
-__device__ __forceinline__ int swizzle_chunk(int row, int chunk, int mask) { return chunk ^ (row & mask); }
+// Hopper: whole rows by the bulk-copy engine (one instruction per row instead of one per 16 bytes),
+// completing on a per-stage mbarrier.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define ESCALA_DECODE_BULK 1
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void bar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+#else
+#define ESCALA_DECODE_BULK 0
+#endif
 
 // Two 8-bit values (bytes 0,1 when hi == 0, bytes 2,3 otherwise) as an f16 pair. int8: exact.
 // fp8 e4m3: exact up to a factor 2^-8 that the caller folds into the scale.
@@ -66,16 +100,28 @@ __device__ __forceinline__ uint32_t cvt8x2(uint32_t w, bool hi) {
     h = __hsub2(h, __floats2half2_rn(1152.0f, 1152.0f));
     return *reinterpret_cast<uint32_t*>(&h);
   } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint16_t pair = static_cast<uint16_t>(hi ? w >> 16 : w & 0xffffu);
+    uint32_t r;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(pair));
+    return r;
+#else
     // e4m3 sign|exp|mant moved into f16's fields: the value divided by 2^8 (bias 7 vs 15),
     // subnormals included.
     const uint32_t x = __byte_perm(w, 0u, hi ? 0x3424 : 0x1404);
     return (x & 0x80008000u) | ((x >> 1) & 0x3F803F80u);
+#endif
   }
 }
 
+// The factor cvt8x2 leaves out (folded into the per-key scales).
 template <KvFormat F>
 __device__ __forceinline__ float format_scale_factor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return 1.0f;
+#else
   return F == KvFormat::kFp8 ? 256.0f : 1.0f;
+#endif
 }
 
 // Head-dimension index of O fragment column n of n-tile j.
@@ -155,43 +201,96 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
   const uint8_t* kbase = static_cast<const uint8_t*>(p.k);
   const uint8_t* vbase = static_cast<const uint8_t*>(p.v);
 
-  // Issues the cp.async loads of the warp's i-th tile (tile index t_begin + warp + 4 i) into `stage`.
+  constexpr bool kBulk = ESCALA_DECODE_BULK && Cfg::kBulkRows;
+  const uint32_t bars = smem_addr(smem + Cfg::kBarOffset) + warp * Cfg::kStages * 8;
+#if ESCALA_DECODE_BULK
+  if (kBulk && lane == 0)
+    for (int st = 0; st < Cfg::kStages; ++st) bar_init(bars + st * 8);
+  __syncwarp();
+#endif
+
+  // Lane l looks up the page of key l % kKeys of the warp's tiles (tile i is t_begin + warp + 4 i)
+  // one tile ahead, so the page-table read never stalls the copies it feeds; the copies of a row
+  // get its page from that lane by a shuffle.
+  const int r_lane = lane % Cfg::kKeys;
+  auto lane_key = [&](int i) {  // -1 past the warp's tiles
+    const int t = t_begin + warp + Cfg::kWarps * i;
+    if (t >= t_end) return -1;
+    const int kpos = tr.at(t) * Cfg::kKeys + r_lane;
+    // Rows past the end: zeros (cp.async) or a copy of the last row (bulk), masked either way.
+    return kpos < kv_len ? kpos : (kBulk ? kv_len - 1 : kv_len);
+  };
+  auto page_of = [&](int key) { return p.page_size > 0 && key >= 0 && key < kv_len ? pages[key / p.page_size] : 0; };
+  int32_t next_page = page_of(lane_key(0));
+
+  // Issues the loads of the warp's i-th tile into `stage` (K/V rows and, for 8-bit formats, their
+  // scales). Called for i = 0, 1, 2, ... in order.
   auto load_tile = [&](int i, int stage) {
     const int t = t_begin + warp + Cfg::kWarps * i;
-    uint8_t* st = ring + stage * Cfg::kStageBytes;
+    const int32_t my_page = next_page;  // the page of key (lane % kKeys) of this tile
+    next_page = page_of(lane_key(i + 1));
     if (t < t_end) {
       const int key_lo = tr.at(t) * Cfg::kKeys;
-      const int r = lane & 15, half = lane >> 4;
-      const int kpos = key_lo + r;
-      const bool ok = kpos < kv_len;
-      int64_t krow = 0, vrow = 0, slot = 0;
-      int32_t page = 0;
-      if (ok) {
+      const uint32_t st = smem_addr(ring + stage * Cfg::kStageBytes);
+      // Where (key r, K or V) lives, for r < kKeys; `page` is key r's page.
+      auto row_src = [&](int r, int is_v, int32_t page, bool& ok, int64_t& slot) {
+        int key = key_lo + r;
+        ok = key < kv_len;
+        if (!ok) key = kBulk ? kv_len - 1 : 0;  // bulk: a copy of the last row; cp.async: zeros
+        const int64_t row_stride = is_v ? p.v_row_stride : p.k_row_stride;
+        const int64_t head_stride = is_v ? p.v_head_stride : p.k_head_stride;
+        int64_t row;
         if (p.page_size > 0) {
-          page = pages[kpos / p.page_size];
-          const int s = kpos % p.page_size;
-          slot = int64_t(page) * p.page_size + s;
-          krow = int64_t(page) * p.k_page_stride + s * p.k_row_stride + hk * p.k_head_stride;
-          vrow = int64_t(page) * p.v_page_stride + s * p.v_row_stride + hk * p.v_head_stride;
+          const int s_in = key % p.page_size;
+          slot = int64_t(page) * p.page_size + s_in;
+          row = int64_t(page) * (is_v ? p.v_page_stride : p.k_page_stride) + s_in * row_stride + hk * head_stride;
         } else {
-          slot = int64_t(k0) + kpos;
-          krow = slot * p.k_row_stride + hk * p.k_head_stride;
-          vrow = slot * p.v_row_stride + hk * p.v_head_stride;
+          slot = int64_t(k0) + key;
+          row = slot * row_stride + hk * head_stride;
+        }
+        return (is_v ? vbase : kbase) + row * Cfg::kElemBytes;
+      };
+      if constexpr (kBulk) {
+#if ESCALA_DECODE_BULK
+        // One lane per row (kKeys == 16): lanes 0-15 the K rows, 16-31 the V rows.
+        const uint32_t bar = bars + stage * 8;
+        if (lane == 0) bar_expect(bar, 2 * Cfg::kKeys * Cfg::kRowBytes);
+        __syncwarp();
+        bool ok;
+        int64_t slot;
+        const int is_v = lane / Cfg::kKeys;
+        const uint8_t* src = row_src(r_lane, is_v, my_page, ok, slot);
+        bulk_copy(st + is_v * Cfg::kTileBytes + r_lane * Cfg::kRowPitch, src, Cfg::kRowBytes, bar);
+#endif
+      } else {
+        // Consecutive lanes take consecutive 16-byte chunks of a row: each instruction reads whole
+        // 128-byte lines.
+        // Lane r computes where key r's K and V rows are; the copies fetch that by shuffle.
+        bool ok;
+        int64_t slot;
+        const long long k_off = row_src(r_lane, 0, my_page, ok, slot) - kbase;
+        const long long v_off = row_src(r_lane, 1, my_page, ok, slot) - vbase;
+        constexpr int kCopies = 2 * Cfg::kKeys * Cfg::kChunks / 32;
+#pragma unroll
+        for (int j = 0; j < kCopies; ++j) {
+          const int e = lane + 32 * j, rho = e / Cfg::kChunks, c = e % Cfg::kChunks;
+          const int is_v = rho / Cfg::kKeys, r = rho % Cfg::kKeys;
+          const long long off = __shfl_sync(0xffffffffu, is_v ? v_off : k_off, r);
+          cp_async_16(st + is_v * Cfg::kTileBytes + r * Cfg::kRowPitch + c * 16, (is_v ? vbase : kbase) + off + c * 16,
+                      key_lo + r < kv_len);
         }
       }
-      const uint8_t* ksrc = kbase + krow * Cfg::kElemBytes;
-      const uint8_t* vsrc = vbase + vrow * Cfg::kElemBytes;
-      const uint32_t sk = smem_addr(st), sv = sk + Cfg::kTileBytes;
-#pragma unroll
-      for (int c = half; c < Cfg::kChunks; c += 2) {
-        const uint32_t off = r * Cfg::kRowBytes + swizzle_chunk(r, c, Cfg::kSwizzle) * 16;
-        cp_async_16(sk + off, ksrc + c * 16, ok);
-        cp_async_16(sv + off, vsrc + c * 16, ok);
-      }
       if constexpr (kQuant) {
-        const float* scales = half ? p.v_scale : p.k_scale;
-        const int64_t idx = (F == KvFormat::kInt8 ? slot : int64_t(page)) * p.num_kv_heads + hk;
-        cp_async_4(sk + 2 * Cfg::kTileBytes + (half * 16 + r) * 4, scales + (ok ? idx : 0), ok);
+#pragma unroll
+        for (int rho = lane; rho < 2 * Cfg::kKeys; rho += 32) {
+          const int is_v = rho / Cfg::kKeys;
+          bool ok;
+          int64_t slot;
+          row_src(r_lane, is_v, my_page, ok, slot);
+          const float* scales = is_v ? p.v_scale : p.k_scale;
+          const int64_t idx = (F == KvFormat::kInt8 ? slot : int64_t(my_page)) * p.num_kv_heads + hk;
+          cp_async_4(st + 2 * Cfg::kTileBytes + (is_v * Cfg::kKeys + r_lane) * 4, scales + idx, true);
+        }
       }
     }
     cp_async_commit();  // an empty group keeps the wait counts uniform
@@ -207,38 +306,46 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
   for (int i = 0; i < Cfg::kStages - 1; ++i) load_tile(i, i);
 
   for (int i = 0; i < my_tiles; ++i) {
+    const int stage = i % Cfg::kStages;
+#if ESCALA_DECODE_BULK
+    if (kBulk) bar_wait(bars + stage * 8, (i / Cfg::kStages) & 1);
+#endif
     cp_async_wait<Cfg::kStages - 2>();
     __syncwarp();
-    const int stage = i % Cfg::kStages;
     const uint8_t* sk = ring + stage * Cfg::kStageBytes;
     const uint8_t* sv = sk + Cfg::kTileBytes;
     const int key_lo = tr.at(t_begin + warp + Cfg::kWarps * i) * Cfg::kKeys;
 
-    // S = Q K^T for 16 rows x 16 keys.
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    if constexpr (!kQuant) {
-      const int key = ((lane >> 4) << 3) + (lane & 7);
+    // S = Q K^T for 16 rows x kKeys keys.
+    constexpr int kNT = Cfg::kNT;
+    float s[kNT][4];
 #pragma unroll
-      for (int kk = 0; kk < kKT; ++kk) {
-        uint32_t bf[4];
-        const int chunk = 2 * kk + ((lane >> 3) & 1);
-        ldmatrix_x4(bf, smem_addr(sk + key * Cfg::kRowBytes + swizzle_chunk(key, chunk, Cfg::kSwizzle) * 16));
-        M::mma(s[0], qf[kk], bf[0], bf[1]);
-        M::mma(s[1], qf[kk], bf[2], bf[3]);
+    for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    if constexpr (!kQuant) {
+#pragma unroll
+      for (int j2 = 0; j2 < kNT; j2 += 2) {
+        const int key = 8 * j2 + ((lane >> 4) << 3) + (lane & 7);
+#pragma unroll
+        for (int kk = 0; kk < kKT; ++kk) {
+          uint32_t bf[4];
+          const int chunk = 2 * kk + ((lane >> 3) & 1);
+          ldmatrix_x4(bf, smem_addr(sk + key * Cfg::kRowPitch + chunk * 16));
+          M::mma(s[j2], qf[kk], bf[0], bf[1]);
+          M::mma(s[j2 + 1], qf[kk], bf[2], bf[3]);
+        }
       }
     } else {
 #pragma unroll
       for (int kk = 0; kk < kKT; ++kk)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < kNT; ++j) {
           const int key = 8 * j + g;
-          const uint32_t w = *reinterpret_cast<const uint32_t*>(
-              sk + key * Cfg::kRowBytes + swizzle_chunk(key, kk, Cfg::kSwizzle) * 16 + 4 * t4);
+          const uint32_t w = *reinterpret_cast<const uint32_t*>(sk + key * Cfg::kRowPitch + kk * 16 + 4 * t4);
           M::mma(s[j], qf[kk], cvt8x2<F>(w, false), cvt8x2<F>(w, true));
         }
       const float* ks = reinterpret_cast<const float*>(sk + 2 * Cfg::kTileBytes);
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] *= ks[8 * j + 2 * t4 + (e & 1)] * format_scale_factor<F>();
     }
@@ -247,59 +354,62 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
     if (p.softcap > 0.0f) {
       const float in = p.scale / p.softcap, out = p.softcap / p.scale;
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] = out * accurate_tanh(s[j][e] * in);
     }
     if (!tile_fully_visible(p.mask, qp_min, qp_max, key_lo, Cfg::kKeys, kv_len)) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           if (!rmask[e / 2].visible(key_lo + 8 * j + 2 * t4 + (e & 1))) s[j][e] = -INFINITY;
     }
     float alpha[2];
-    softmax_update<2>(s, row_max, row_sum, p.scale_log2, alpha);
-    rescale_rows<kDT>(o, alpha);
+    softmax_update<kNT>(s, row_max, row_sum, p.scale_log2, alpha);
+    // Once the running max settles (most tiles of a long row), alpha is exactly 1: skip the pass.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows<kDT>(o, alpha);
     if constexpr (kQuant) {
-      const float* vs = reinterpret_cast<const float*>(sk + 2 * Cfg::kTileBytes) + 16;
+      const float* vs = reinterpret_cast<const float*>(sk + 2 * Cfg::kTileBytes) + Cfg::kKeys;
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] *= vs[8 * j + 2 * t4 + (e & 1)] * format_scale_factor<F>();
     }
-    uint32_t pf[1][4];
-    pack_p<MT, 2>(s, pf);
+    uint32_t pf[kNT / 2][4];
+    pack_p<MT, kNT>(s, pf);
 
-    // O += P V.
+    // O += P V, one 16-key k-step at a time.
+#pragma unroll
+    for (int ks16 = 0; ks16 < kNT / 2; ++ks16) {
     if constexpr (!kQuant) {
-      const int key = ((lane >> 3) & 1) * 8 + (lane & 7);
+      const int key = 16 * ks16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
       for (int j = 0; j < kDT; j += 2) {
         uint32_t bf[4];
         const int chunk = j + (lane >> 4);
-        ldmatrix_x4_trans(bf, smem_addr(sv + key * Cfg::kRowBytes + swizzle_chunk(key, chunk, Cfg::kSwizzle) * 16));
-        M::mma(o[j], pf[0], bf[0], bf[1]);
-        M::mma(o[j + 1], pf[0], bf[2], bf[3]);
+        ldmatrix_x4_trans(bf, smem_addr(sv + key * Cfg::kRowPitch + chunk * 16));
+        M::mma(o[j], pf[ks16], bf[0], bf[1]);
+        M::mma(o[j + 1], pf[ks16], bf[2], bf[3]);
       }
     } else {
-      const int keys[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
+      const int k0s = 16 * ks16;
+      const int keys[4] = {k0s + 2 * t4, k0s + 2 * t4 + 1, k0s + 2 * t4 + 8, k0s + 2 * t4 + 9};
 #pragma unroll
       for (int q = 0; q < D / 32; ++q) {
         uint32_t w[4];
-        const int chunk = 2 * q + (g >> 2), within = (4 * g) & 15;
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-          w[k] = *reinterpret_cast<const uint32_t*>(sv + keys[k] * Cfg::kRowBytes +
-                                                    swizzle_chunk(keys[k], chunk, Cfg::kSwizzle) * 16 + within);
+          w[k] = *reinterpret_cast<const uint32_t*>(sv + keys[k] * Cfg::kRowPitch + 32 * q + 4 * g);
         // Interleave the two keys of each B register: bytes (d0 k0, d0 k1, d1 k0, d1 k1).
         const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5140), hi0 = __byte_perm(w[0], w[1], 0x7362);
         const uint32_t lo1 = __byte_perm(w[2], w[3], 0x5140), hi1 = __byte_perm(w[2], w[3], 0x7362);
-        M::mma(o[4 * q + 0], pf[0], cvt8x2<F>(lo0, false), cvt8x2<F>(lo1, false));
-        M::mma(o[4 * q + 1], pf[0], cvt8x2<F>(lo0, true), cvt8x2<F>(lo1, true));
-        M::mma(o[4 * q + 2], pf[0], cvt8x2<F>(hi0, false), cvt8x2<F>(hi1, false));
-        M::mma(o[4 * q + 3], pf[0], cvt8x2<F>(hi0, true), cvt8x2<F>(hi1, true));
+        M::mma(o[4 * q + 0], pf[ks16], cvt8x2<F>(lo0, false), cvt8x2<F>(lo1, false));
+        M::mma(o[4 * q + 1], pf[ks16], cvt8x2<F>(lo0, true), cvt8x2<F>(lo1, true));
+        M::mma(o[4 * q + 2], pf[ks16], cvt8x2<F>(hi0, false), cvt8x2<F>(hi1, false));
+        M::mma(o[4 * q + 3], pf[ks16], cvt8x2<F>(hi0, true), cvt8x2<F>(hi1, true));
       }
+    }
     }
     __syncwarp();
     load_tile(i + Cfg::kStages - 1, (i + Cfg::kStages - 1) % Cfg::kStages);
