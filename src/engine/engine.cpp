@@ -90,6 +90,9 @@ struct Engine::Impl {
   std::deque<std::unique_ptr<Seq>> incoming;
   bool stop = false, stopped = false, idle = true;
   uint64_t next_handle = 1;
+  // The last snapshot; its `waiting` counts the engine's queue only (requests taken from
+  // `incoming` are added at once): stats() adds `incoming`, so that a request is counted as
+  // waiting from submit() on, even during a long step.
   EngineStats published;
 
   // Engine thread only.
@@ -208,7 +211,9 @@ void Engine::shutdown() {
 
 EngineStats Engine::stats() const {
   std::lock_guard lock(impl_->mu);
-  return impl_->published;
+  EngineStats s = impl_->published;
+  s.waiting += int64_t(impl_->incoming.size());
+  return s;
 }
 
 void Engine::wait_idle() {
@@ -225,6 +230,7 @@ void Engine::Impl::run() {
       while (!incoming.empty()) {
         waiting.push_back(std::move(incoming.front()));
         incoming.pop_front();
+        ++published.waiting;  // still counted while the step runs (see stats())
       }
       if (stop) break;
       if (running.empty() && waiting.empty()) {
@@ -469,7 +475,6 @@ void Engine::Impl::publish() {
   st.cache = cache.stats();
   std::lock_guard lock(mu);
   published = st;
-  published.waiting += int64_t(incoming.size());
 }
 
 }  // namespace escala::engine

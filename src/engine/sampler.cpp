@@ -29,11 +29,19 @@ void Sampler::accept(int32_t token) { history_.push_back(token); }
 
 int32_t Sampler::sample(std::span<const float> logits) {
   const int32_t n = int32_t(logits.size());
+  const bool penalise = p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
+  // Greedy: the first maximum (stable across runs and batch sizes). Without penalties the logits
+  // are read in place (copying 49k candidates cost as much as the argmax, per token).
+  if (p_.temperature == 0.0f && !(penalise && p_.penalty_last_n > 0 && !history_.empty())) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; ++i)
+      if (logits[i] > logits[best]) best = i;
+    return best;
+  }
   cand_.resize(n);
   for (int32_t i = 0; i < n; ++i) cand_[i] = {logits[i], i};
 
   // Penalties over the recent history (llama.cpp's semantics).
-  const bool penalise = p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
   if (penalise && p_.penalty_last_n > 0 && !history_.empty()) {
     std::unordered_map<int32_t, int> counts;
     const size_t from = history_.size() > size_t(p_.penalty_last_n) ? history_.size() - p_.penalty_last_n : 0;
@@ -45,7 +53,7 @@ int32_t Sampler::sample(std::span<const float> logits) {
       l -= float(c) * p_.frequency_penalty + p_.presence_penalty;
     }
   }
-  // Greedy: the first maximum (stable across runs and batch sizes).
+  // Greedy with penalties: the first maximum of the penalised logits.
   if (p_.temperature == 0.0f) {
     int32_t best = 0;
     for (int32_t i = 1; i < n; ++i)

@@ -3,7 +3,14 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <dirent.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
 #include <atomic>
+#include <cstdlib>
 #include <ctime>
 
 #include "server/protocol.h"
@@ -30,6 +37,69 @@ ApiError server_error(int status, std::string message, std::string type, std::st
 }
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+// The socket a request came on. cpp-httplib 0.11 hands a handler neither the socket nor a way to
+// ask whether the peer is still there (Request::is_connection_closed came in a later version), but
+// the request carries both ends' addresses: the one open socket whose local port and peer address
+// are the request's is its connection (a TCP 4-tuple names one connection at a time, and this one
+// stays open while its handler runs). -1 if none is found.
+int connection_socket(const std::string& peer_addr, int peer_port, int local_port) {
+  if (peer_port < 0 || local_port < 0) return -1;
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  auto port_of = [](const sockaddr_storage& a) {
+    if (a.ss_family == AF_INET) return int(ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port));
+    if (a.ss_family == AF_INET6) return int(ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port));
+    return -1;
+  };
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    struct stat sb;
+    if (fstat(int(fd), &sb) != 0 || !S_ISSOCK(sb.st_mode)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t llen = sizeof(local), plen = sizeof(peer);
+    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &llen) != 0 || port_of(local) != local_port) continue;
+    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &plen) != 0 || port_of(peer) != peer_port) continue;
+    char host[NI_MAXHOST];  // formatted the way httplib formats Request::remote_addr
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&peer), plen, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0 ||
+        peer_addr != host)
+      continue;
+    found = int(fd);
+    break;
+  }
+  closedir(dir);
+  return found;
+}
+
+// Whether the client closed its end (FIN or reset), seen without reading or writing anything:
+// POLLRDHUP is raised once the peer's FIN has arrived, even with unread data before it. A client
+// that only shuts down its sending half (rare for HTTP) reads as gone too.
+bool peer_closed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+// Watches a request's connection: finds its socket on the first check (not before: most requests
+// that end within one poll never need it) and says whether the client has gone.
+class PeerWatch {
+ public:
+  explicit PeerWatch(const httplib::Request& req)
+      : addr_(req.remote_addr), port_(req.remote_port), local_port_(req.local_port) {}
+  bool gone() {
+    if (fd_ == -2) fd_ = connection_socket(addr_, port_, local_port_);
+    return peer_closed(fd_);
+  }
+
+ private:
+  std::string addr_;
+  int port_, local_port_;
+  int fd_ = -2;  // -2: not looked up yet; -1: not found
+};
 
 // What a finished request reports as finish_reason (cancelled/error are not sent as such).
 const char* finish_name(engine::FinishReason r) { return r == engine::FinishReason::kLength ? "length" : "stop"; }
@@ -144,15 +214,22 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
   if (!ar.stream) {
     std::string text;
     engine::Event last;
+    PeerWatch watch(req);
     for (bool done = false; !done;) {
-      for (auto& ev : handle->wait(kPoll)) {
+      auto events = handle->wait(kPoll);
+      for (auto& ev : events) {
         text += ev.text;
         if (ev.finished) {
           last = std::move(ev);
           done = true;
         }
       }
+      // Nothing is written before the answer is complete, so a client that hangs up is seen on
+      // its socket: cancel, which frees the blocks (the final event follows).
+      if (!done && !handle->cancelled() && watch.gone()) handle->cancel();
     }
+    if (last.reason == engine::FinishReason::kCancelled && handle->cancelled())
+      return send_error(res, server_error(499, "the client closed the connection", "server_error", "cancelled"));
     if (last.reason == engine::FinishReason::kCancelled)
       return send_error(res, server_error(503, "the request was cancelled (server shutting down)", "server_error",
                                           "cancelled"));
@@ -166,10 +243,10 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
 
   struct Stream {
     std::shared_ptr<engine::RequestHandle> handle;
+    PeerWatch watch;
     bool first = true, finished = false;
   };
-  auto st = std::make_shared<Stream>();
-  st->handle = handle;
+  auto st = std::make_shared<Stream>(Stream{handle, PeerWatch(req)});
   const bool include_usage = ar.include_usage;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -184,7 +261,14 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
           st->first = false;
           if (!write(sse(stream_chunk(true, id, created, model, "", nullptr, true)))) return false;
         }
-        for (auto& ev : st->handle->wait(kPoll)) {
+        auto events = st->handle->wait(kPoll);
+        // A request still queued (or prefilling) writes nothing, so a client gone meanwhile is seen
+        // on its socket; a write would notice only at the second attempt after the hang-up.
+        if (st->watch.gone()) {
+          st->handle->cancel();
+          return false;
+        }
+        for (auto& ev : events) {
           if (!ev.text.empty()) {
             if (!write(sse(stream_chunk(chat, id, created, model, ev.text, nullptr, false)))) return false;
           }
