@@ -121,10 +121,19 @@ HWY_INLINE VF reduce_transpose(DF df, VF* a) {
   return a[0];
 }
 
+template <DType T>
+constexpr size_t kElemBytes = T == DType::kF32 ? 4 : (T == DType::kBF16 || T == DType::kF16) ? 2 : 1;
+
+// Memory requests ahead: while a pass reads bytes [x, x + 64) of row j of this block, it asks for
+// the same bytes of row j of the next block (pk/pv: the same kv head there; null: none). One
+// request per line read, spread over the arithmetic: a burst of requests would fill the line fill
+// buffers and stall the core instead of overlapping the loads with the FMAs.
+HWY_INLINE void request(const uint8_t* p) { __builtin_prefetch(p, 0, 3); }
+
 // s[r][j] = q[r] . k[j] for NR rows (stride dp) and nk keys (kp padded to a multiple of L/NR keys).
 template <DType T, int NR>
 HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* const* kp, int nk,
-                      float* HWY_RESTRICT s) {
+                      float* HWY_RESTRICT s, const uint8_t* const* pk) {
   const DF df;
   constexpr int NK = std::max(1, kLanes / NR);
   for (int j = 0; j < nk; j += NK) {
@@ -133,6 +142,8 @@ HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* con
     const uint8_t* k[NK];
     for (int kk = 0; kk < NK; ++kk) k[kk] = kp[j + kk];
     for (size_t c = 0; c < dp; c += kLanes) {
+      if (pk && (c * kElemBytes<T>) % 64 == 0)
+        for (int kk = 0; kk < NK; ++kk) request(pk[j + kk] + c * kElemBytes<T>);
       VF qv[NR];
       for (int r = 0; r < NR; ++r) qv[r] = hn::Load(df, q + r * dp + c);
       for (int kk = 0; kk < NK; ++kk) {
@@ -150,7 +161,7 @@ HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* con
 // o[r] = o[r] * alpha[r] + sum_j w[r][j] v[j] for NR rows (stride dvp); NV accumulators per row.
 template <DType T, int NR>
 HWY_ATTR void pv_pass(const float* HWY_RESTRICT w, const uint8_t* const* vp, const float* alpha, int nk, size_t dvp,
-                      float* HWY_RESTRICT o) {
+                      float* HWY_RESTRICT o, const uint8_t* const* pv) {
   const DF df;
   constexpr int NV = std::max(1, (kLanes >= 16 ? 16 : 8) / NR);
   for (size_t c0 = 0; c0 < dvp; c0 += NV * kLanes) {
@@ -166,7 +177,9 @@ HWY_ATTR void pv_pass(const float* HWY_RESTRICT w, const uint8_t* const* vp, con
       const uint8_t* vr = vp[j];
       for (int v = 0; v < NV; ++v)
         if (v < nv) {
-          const VF x = load_lanes<T>(df, vr, c0 + v * kLanes);
+          const size_t c = c0 + v * kLanes;
+          if (pv && (c * kElemBytes<T>) % 64 == 0) request(pv[j] + c * kElemBytes<T>);
+          const VF x = load_lanes<T>(df, vr, c);
           for (int r = 0; r < NR; ++r) acc[r][v] = hn::MulAdd(wr[r], x, acc[r][v]);
         }
     }
@@ -176,20 +189,24 @@ HWY_ATTR void pv_pass(const float* HWY_RESTRICT w, const uint8_t* const* vp, con
   }
 }
 
-// All rows of one kv head (rows a multiple of NR) against one block of keys.
+// All rows of one kv head (rows a multiple of NR) against one block of keys; the first pass
+// requests the next block's rows.
 template <DType T, int NR>
-HWY_ATTR void qk_rows(const float* q, size_t dp, const uint8_t* const* kp, int nk, int rows, float* s) {
-  for (int r = 0; r < rows; r += NR) qk_pass<T, NR>(q + size_t(r) * dp, dp, kp, nk, s + size_t(r) * kBlock);
+HWY_ATTR void qk_rows(const float* q, size_t dp, const uint8_t* const* kp, int nk, int rows, float* s,
+                      const uint8_t* const* pk) {
+  for (int r = 0; r < rows; r += NR)
+    qk_pass<T, NR>(q + size_t(r) * dp, dp, kp, nk, s + size_t(r) * kBlock, r == 0 ? pk : nullptr);
 }
 template <DType T, int NR>
 HWY_ATTR void pv_rows(const float* w, const uint8_t* const* vp, const float* alpha, int nk, int rows, size_t dvp,
-                      float* o) {
+                      float* o, const uint8_t* const* pv) {
   for (int r = 0; r < rows; r += NR)
-    pv_pass<T, NR>(w + size_t(r) * kBlock, vp, alpha + r, nk, dvp, o + size_t(r) * dvp);
+    pv_pass<T, NR>(w + size_t(r) * kBlock, vp, alpha + r, nk, dvp, o + size_t(r) * dvp, r == 0 ? pv : nullptr);
 }
 
-using QkFn = void (*)(const float*, size_t, const uint8_t* const*, int, int, float*);
-using PvFn = void (*)(const float*, const uint8_t* const*, const float*, int, int, size_t, float*);
+using QkFn = void (*)(const float*, size_t, const uint8_t* const*, int, int, float*, const uint8_t* const*);
+using PvFn = void (*)(const float*, const uint8_t* const*, const float*, int, int, size_t, float*,
+                      const uint8_t* const*);
 
 template <DType T>
 void pick_kernels(int nr, QkFn* qk, PvFn* pv) {
@@ -213,11 +230,6 @@ void pick_kernels(DType t, int nr, QkFn* qk, PvFn* pv) {
     case DType::kFp8E4M3: pick_kernels<DType::kFp8E4M3>(nr, qk, pv); break;
     default: pick_kernels<DType::kF32>(nr, qk, pv); break;
   }
-}
-
-// Requests the cache lines of `bytes` bytes at p.
-HWY_INLINE void prefetch_row(const uint8_t* p, int bytes) {
-  for (int b = 0; b < bytes; b += 64) hwy::Prefetch(p + b);
 }
 
 // Where keys [j0, j0 + n) of a sequence live: the kv-head-0 row of K and of V (bytes), and the
@@ -279,7 +291,6 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
   QkFn qk;
   PvFn pv;
   pick_kernels(t, nr, &qk, &pv);
-  const size_t kbytes = size_t(d) * dtype_size(p.kv_dtype), vbytes = size_t(dv) * dtype_size(p.kv_dtype);
 
   // Queries, pre-scaled; head dims are multiples of 8, vectors may be 16 wide: pad with zeros.
   const int dp = (d + L - 1) / L * L, dvp = (dv + L - 1) / L * L;
@@ -323,6 +334,8 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
   const uint8_t** vp = sc.vp.data();
   RowBases bases[2];
   int cur_i = 0;
+  const uint8_t* pfk[kBlock + kLanes];
+  const uint8_t* pfv[kBlock + kLanes];
   for (int64_t v0 = v_lo; v0 < v_hi;) {
     const int64_t v1 = block_end(v0);
     const int nk = int(v1 - v0);
@@ -361,8 +374,12 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
           std::fill(vs + nk, vs + nkp, 0.0f);
         }
         for (int j = 0; j < next.n; ++j) {  // the same head of the next block
-          prefetch_row(next.k[j] + kh, int(kbytes));
-          prefetch_row(next.v[j] + vh, int(vbytes));
+          pfk[j] = next.k[j] + kh;
+          pfv[j] = next.v[j] + vh;
+        }
+        for (int j = next.n; j < nkp; ++j) {  // past the next block's end: lines already here
+          pfk[j] = kp[std::min(j, nk - 1)];
+          pfv[j] = vp[std::min(j, nk - 1)];
         }
       } else {
         load_kv_tile(K, hk, j0, j0 + nk, d, nk, kf, dp, p.rope_inv_freq, p.rope_neox);
@@ -375,7 +392,7 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
         }
       }
       for (int j = nk; j < nkp; ++j) kp[j] = kp[nk - 1];  // whole passes of keys; results dropped
-      qk(qh, size_t(dp), kp, nk, rows, s);
+      qk(qh, size_t(dp), kp, nk, rows, s, direct ? pfk : nullptr);
       for (int r = 0; r < rows; ++r) {
         float* sr = s + size_t(r) * kBlock;
         if (quant)
@@ -411,7 +428,7 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
         lh[r] = lh[r] * alpha[r] + hn::GetLane(hn::SumOfLanes(df, sum));
         mh[r] = mx;
       }
-      pv(w, vp, alpha, nk, rows, size_t(dvp), oh);
+      pv(w, vp, alpha, nk, rows, size_t(dvp), oh, direct ? pfv : nullptr);
     }
     v0 = v1;
     cur_i = next_i;
