@@ -11,6 +11,7 @@
 
 #include "escala/attention.h"
 #include "kv/planner.h"
+#include "model/quant_matmul_internal.h"
 #include "model/rope.h"
 
 namespace escala::model {
@@ -192,9 +193,11 @@ Status Model::Impl::forward(std::span<const StepSequence> batch, std::vector<flo
   for (uint32_t li = 0; li < a.block_count; ++li) {
     const LayerWeights& L = layers[li];
     rms_norm(x.data(), reinterpret_cast<const float*>(L.attn_norm->data), xn.data(), total, n, eps, threads());
-    ESCALA_RETURN_IF_ERROR(matmul_into(L.q, xn.data(), total, q.data()));
-    ESCALA_RETURN_IF_ERROR(matmul_into(L.k, xn.data(), total, k.data()));
-    ESCALA_RETURN_IF_ERROR(matmul_into(L.v, xn.data(), total, v.data()));
+    {
+      const WeightView w3[3] = {L.q->as_matrix(), L.k->as_matrix(), L.v->as_matrix()};
+      float* const y3[3] = {q.data(), k.data(), v.data()};
+      ESCALA_RETURN_IF_ERROR(matmul_group(w3, xn.data(), total, y3, threads()));
+    }
     if (L.q_bias) {
       const auto add = [total](std::vector<float>& y, const GgufTensor* b, int64_t w) {
         const float* bb = reinterpret_cast<const float*>(b->data);
@@ -244,8 +247,11 @@ Status Model::Impl::forward(std::span<const StepSequence> batch, std::vector<flo
     for (int64_t i = 0; i < total * n; ++i) x[i] += tmp[i];
 
     rms_norm(x.data(), reinterpret_cast<const float*>(L.ffn_norm->data), xn.data(), total, n, eps, threads());
-    ESCALA_RETURN_IF_ERROR(matmul_into(L.gate, xn.data(), total, gate.data()));
-    ESCALA_RETURN_IF_ERROR(matmul_into(L.up, xn.data(), total, up.data()));
+    {
+      const WeightView w2[2] = {L.gate->as_matrix(), L.up->as_matrix()};
+      float* const y2[2] = {gate.data(), up.data()};
+      ESCALA_RETURN_IF_ERROR(matmul_group(w2, xn.data(), total, y2, threads()));
+    }
     if (arch == Arch::kGemma2) {
       for (int64_t i = 0; i < total * ff; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
     } else {

@@ -372,6 +372,16 @@ void quantize_acts(const float* x, int64_t m, int64_t k, int64_t block, Quantize
   }
 }
 
+// Diagnostic: ESCALA_F32_ACTIVATIONS=1 keeps the activations in f32 (dequantized weight rows,
+// double accumulation), to tell the error of the 8-bit activations from any other (slow).
+bool f32_activations() {
+  static const bool on = [] {
+    const char* e = std::getenv("ESCALA_F32_ACTIVATIONS");
+    return e && *e && *e != '0';
+  }();
+  return on;
+}
+
 Status check(const WeightView& w) {
   auto rb = row_bytes(w.type, w.cols);
   if (!w.data || w.rows <= 0 || !rb)
@@ -419,13 +429,7 @@ Status matmul(const WeightView& w_in, const float* x, int64_t m, float* y, int t
   const int64_t chunk = std::max<int64_t>(4, std::min<int64_t>(64, rows / (4 * nthreads) + 1));
   const int64_t nchunks = (rows + chunk - 1) / chunk;
 
-  // Diagnostic: ESCALA_F32_ACTIVATIONS=1 keeps the activations in f32 (dequantized weight rows,
-  // double accumulation), to tell the error of the 8-bit activations from any other (slow).
-  static const bool f32_acts = [] {
-    const char* e = std::getenv("ESCALA_F32_ACTIVATIONS");
-    return e && *e && *e != '0';
-  }();
-  if (f32_acts && is_quantized(w_in.type)) {
+  if (f32_activations() && is_quantized(w_in.type)) {
 #pragma omp parallel num_threads(nthreads) if (nchunks > 1 && nthreads > 1)
     {
       std::vector<float> scratch(static_cast<size_t>(w_in.cols));
@@ -490,6 +494,67 @@ Status matmul(const WeightView& w_in, const float* x, int64_t m, float* y, int t
 
 Status matvec(const WeightView& w, const float* x, float* y, int threads) {
   return matmul(w, x, 1, y, threads);
+}
+
+Status matmul_group(std::span<const WeightView> ws, const float* x, int64_t m, std::span<float* const> ys,
+                    int threads) {
+  if (ws.size() != ys.size()) return Status::error("matmul_group: one output per weight");
+  if (ws.empty() || m <= 0) return {};
+  bool same = true;
+  for (const WeightView& w : ws) {
+    ESCALA_RETURN_IF_ERROR(check(w));
+    same = same && w.type == ws[0].type && w.cols == ws[0].cols;
+  }
+  const TensorType type = ws[0].type;
+  const bool k_quant = type == TensorType::kQ4_K || type == TensorType::kQ6_K;
+  if (!same || !vnni_handles(type) || !vnni_active() || f32_activations()) {
+    for (size_t i = 0; i < ws.size(); ++i) ESCALA_RETURN_IF_ERROR(matmul(ws[i], x, m, ys[i], threads));
+    return {};
+  }
+  if (!x) return Status::error("matmul: null activation or output pointer");
+  for (float* y : ys)
+    if (!y) return Status::error("matmul: null activation or output pointer");
+  const int64_t cols = ws[0].cols;
+  int64_t rows_total = 0;
+  for (const WeightView& w : ws) rows_total += w.rows;
+  constexpr int64_t kMinWork = 1 << 16;  // as in matmul()
+  const int nthreads = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(threads > 0 ? threads : omp_get_max_threads(), rows_total * cols * m / kMinWork)));
+  const int64_t chunk = std::max<int64_t>(4, std::min<int64_t>(64, rows_total / (4 * nthreads) + 1));
+  // Chunks of every weight, in one list: (weight, first row).
+  thread_local std::vector<std::pair<int32_t, int64_t>> chunks;
+  thread_local std::vector<WeightView> views;
+  chunks.clear();
+  views.assign(ws.begin(), ws.end());
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (views[i].row_stride == 0) views[i].row_stride = *row_bytes(type, cols);
+    for (int64_t r = 0; r < views[i].rows; r += chunk) chunks.emplace_back(int32_t(i), r);
+  }
+  const int64_t nchunks = int64_t(chunks.size());
+  const auto* ch = &chunks;
+  const auto* vw = &views;
+  if (k_quant) {
+    thread_local VnniActsK vk_storage;
+    const VnniActsK* vk = &vk_storage;
+    quantize_acts_vnni_k(x, m, cols, vk_storage);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nchunks > 1 && nthreads > 1)
+    for (int64_t c = 0; c < nchunks; ++c) {
+      const auto [i, r0] = (*ch)[size_t(c)];
+      const WeightView& w = (*vw)[size_t(i)];
+      vnni_rows_k(w, *vk, ys[size_t(i)], r0, std::min(w.rows, r0 + chunk));
+    }
+    return {};
+  }
+  thread_local VnniActs va_storage;
+  const VnniActs* va = &va_storage;
+  quantize_acts_vnni(x, m, cols, va_storage);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nchunks > 1 && nthreads > 1)
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const auto [i, r0] = (*ch)[size_t(c)];
+    const WeightView& w = (*vw)[size_t(i)];
+    vnni_rows(w, *va, ys[size_t(i)], r0, std::min(w.rows, r0 + chunk));
+  }
+  return {};
 }
 
 void matmul_reference(const WeightView& w_in, const float* x, int64_t m, float* y) {

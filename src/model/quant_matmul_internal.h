@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "escala/quant.h"
@@ -39,6 +40,12 @@ struct MatmulArgs {
 }  // namespace escala::model
 
 namespace escala::model {
+
+// y_i = W_i x for several weights that read the same input (Q/K/V, gate/up): when they share a type
+// and width, the activations are quantized once and every row of every weight runs in one parallel
+// region (one barrier instead of one per weight); otherwise matmul() per weight.
+Status matmul_group(std::span<const WeightView> ws, const float* x, int64_t m, std::span<float* const> ys,
+                    int threads);
 
 // ---- AVX-512 VNNI path (quant_matmul_vnni.cpp) for q4_0, q4_1, q8_0, q4_K and q6_K ----
 //

@@ -129,8 +129,65 @@ ESCALA_VNNI_TARGET void dot_rows(const uint8_t* row, const VnniActs& a, int64_t 
     out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(facc[r][0], facc[r][1]), macc[r]));
 }
 
+// NR weight rows against one activation row (decode): the rows' loads and scale gathers are
+// independent, so NR streams are in flight at once and the FMA chains interleave; the activation
+// pair is loaded once for all NR rows.
+template <Kind K, int NR>
+ESCALA_VNNI_TARGET void dot_wrows(const uint8_t* row0, int64_t stride, const VnniActs& a, int64_t t, float* out) {
+  // Accumulated exactly as dot_rows does (even/odd pairs, offsets last), so that a decode step
+  // gives bit for bit what the same token gives inside a batch.
+  __m512 facc[NR][2], macc[NR];
+  for (int n = 0; n < NR; ++n) facc[n][0] = facc[n][1] = macc[n] = _mm512_setzero_ps();
+  const __m512i pattern = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+  for (int64_t g = 0; g < a.nb; g += 16) {
+    const int count = static_cast<int>(std::min<int64_t>(16, a.nb - g));
+    const int64_t at = t * a.nb_pad + g;
+    const __m512 ad = _mm512_loadu_ps(a.d.data() + at), as = _mm512_loadu_ps(a.s.data() + at);
+    __m512 scale[NR];
+    for (int n = 0; n < NR; ++n) {
+      __m512 dw, mw;
+      block_scales<K>(row0 + n * stride + g * kBytes<K>, count, dw, mw);
+      scale[n] = _mm512_mul_ps(dw, ad);
+      macc[n] = _mm512_fmadd_ps(mw, as, macc[n]);
+    }
+    const int8_t* aq = a.q.data() + at * 32;
+    for (int p = 0; 2 * p < count; ++p) {
+      const __m512i av = _mm512_loadu_si512(aq + 64 * p);
+      const __m512i idx = _mm512_add_epi32(pattern, _mm512_set1_epi32(2 * p));
+      for (int n = 0; n < NR; ++n) {
+        const __m512i w = load_pair<K>(row0 + n * stride + (g + 2 * p) * kBytes<K>, 2 * p + 1 < count);
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, av);
+        facc[n][p & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, scale[n]),
+                                         facc[n][p & 1]);
+      }
+    }
+  }
+  for (int n = 0; n < NR; ++n)
+    out[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(facc[n][0], facc[n][1]), macc[n]));
+}
+
 template <Kind K>
 void rows_impl(const WeightView& w, const VnniActs& a, float* y, int64_t row_begin, int64_t row_end) {
+  if (a.m < 4) {  // decode and short appends: several weight rows per activation row
+    const int64_t stride = static_cast<int64_t>(w.row_stride);
+    int64_t row = row_begin;
+    float out[4];
+    for (; row + 4 <= row_end; row += 4) {
+      const uint8_t* wr = static_cast<const uint8_t*>(w.data) + row * stride;
+      for (int64_t t = 0; t < a.m; ++t) {
+        dot_wrows<K, 4>(wr, stride, a, t, out);
+        for (int n = 0; n < 4; ++n) y[t * w.rows + row + n] = out[n];
+      }
+    }
+    for (; row < row_end; ++row) {
+      const uint8_t* wr = static_cast<const uint8_t*>(w.data) + row * stride;
+      for (int64_t t = 0; t < a.m; ++t) {
+        dot_wrows<K, 1>(wr, stride, a, t, out);
+        y[t * w.rows + row] = out[0];
+      }
+    }
+    return;
+  }
   for (int64_t row = row_begin; row < row_end; ++row) {
     const uint8_t* wr = static_cast<const uint8_t*>(w.data) + row * static_cast<int64_t>(w.row_stride);
     float out[4];
