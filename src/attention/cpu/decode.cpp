@@ -60,20 +60,19 @@ int padded_rows(int rows) {
 }
 
 struct Scratch {
-  hwy::AlignedFreeUniquePtr<float[]> q, kf, vf, s, w, o, m, l, alpha, ks, vs;
+  hwy::AlignedFreeUniquePtr<float[]> q, kf, vf, s, o, m, l, alpha, ks, vs;
   std::vector<const uint8_t*> kp, vp;
   void init(int rows, int d, int dv) {  // rows: every kv head's padded rows
     q = hwy::AllocateAligned<float>(size_t(rows) * d);
     kf = hwy::AllocateAligned<float>(size_t(kBlock) * d);
     vf = hwy::AllocateAligned<float>(size_t(kBlock) * dv);
     s = hwy::AllocateAligned<float>(size_t(rows) * kBlock);
-    w = hwy::AllocateAligned<float>(size_t(rows) * kBlock);
     o = hwy::AllocateAligned<float>(size_t(rows) * dv);
-    m = hwy::AllocateAligned<float>(rows);
-    l = hwy::AllocateAligned<float>(rows);
+    m = hwy::AllocateAligned<float>(size_t(rows) * kLanes);  // per pass of rows, one vector
+    l = hwy::AllocateAligned<float>(size_t(rows) * kLanes);
     alpha = hwy::AllocateAligned<float>(rows);
-    ks = hwy::AllocateAligned<float>(kBlock);
-    vs = hwy::AllocateAligned<float>(kBlock);
+    ks = hwy::AllocateAligned<float>(kBlock + kLanes);  // read a whole vector past any key
+    vs = hwy::AllocateAligned<float>(kBlock + kLanes);
     kp.resize(kBlock + kLanes);
     vp.resize(kBlock + kLanes);
   }
@@ -124,13 +123,14 @@ HWY_INLINE VF reduce_transpose(DF df, VF* a) {
 template <DType T>
 constexpr size_t kElemBytes = T == DType::kF32 ? 4 : (T == DType::kBF16 || T == DType::kF16) ? 2 : 1;
 
-// Memory requests ahead: while a pass reads bytes [x, x + 64) of row j of this block, it asks for
-// the same bytes of row j of the next block (pk/pv: the same kv head there; null: none). One
-// request per line read, spread over the arithmetic: a burst of requests would fill the line fill
-// buffers and stall the core instead of overlapping the loads with the FMAs.
+// Memory requests ahead: while a pass reads row j of this block, it asks for row j of the next
+// block (pk/pv: the same kv head there; null: none), a few lines at a time, spread over the
+// arithmetic: a burst of requests per block fills the line fill buffers and stalls the core
+// instead of overlapping the loads with the FMAs.
 HWY_INLINE void request(const uint8_t* p) { __builtin_prefetch(p, 0, 3); }
 
-// s[r][j] = q[r] . k[j] for NR rows (stride dp) and nk keys (kp padded to a multiple of L/NR keys).
+// s[j * NR + r] = q[r] . k[j] for NR rows (stride dp) and nk keys (kp padded to a multiple of L/NR
+// keys): each vector holds L/NR keys x NR rows, the lane layout the softmax and PV work in.
 template <DType T, int NR>
 HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* const* kp, int nk,
                       float* HWY_RESTRICT s, const uint8_t* const* pk) {
@@ -141,9 +141,10 @@ HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* con
     for (int a = 0; a < kLanes; ++a) acc[a] = hn::Zero(df);
     const uint8_t* k[NK];
     for (int kk = 0; kk < NK; ++kk) k[kk] = kp[j + kk];
+    if (pk)
+      for (int kk = 0; kk < NK; ++kk)
+        for (size_t b = 0; b < dp * kElemBytes<T>; b += 64) request(pk[j + kk] + b);
     for (size_t c = 0; c < dp; c += kLanes) {
-      if (pk && (c * kElemBytes<T>) % 64 == 0)
-        for (int kk = 0; kk < NK; ++kk) request(pk[j + kk] + c * kElemBytes<T>);
       VF qv[NR];
       for (int r = 0; r < NR; ++r) qv[r] = hn::Load(df, q + r * dp + c);
       for (int kk = 0; kk < NK; ++kk) {
@@ -151,14 +152,11 @@ HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* con
         for (int r = 0; r < NR; ++r) acc[kk * NR + r] = hn::MulAdd(qv[r], kv, acc[kk * NR + r]);
       }
     }
-    alignas(64) float t[kLanes];
-    hn::Store(reduce_transpose(df, acc), df, t);
-    for (int kk = 0; kk < NK; ++kk)
-      for (int r = 0; r < NR; ++r) s[r * kBlock + j + kk] = t[kk * NR + r];
+    hn::Store(reduce_transpose(df, acc), df, s + j * NR);
   }
 }
 
-// o[r] = o[r] * alpha[r] + sum_j w[r][j] v[j] for NR rows (stride dvp); NV accumulators per row.
+// o[r] = o[r] * alpha[r] + sum_j w[j * NR + r] v[j] for NR rows (stride dvp); NV accumulators per row.
 template <DType T, int NR>
 HWY_ATTR void pv_pass(const float* HWY_RESTRICT w, const uint8_t* const* vp, const float* alpha, int nk, size_t dvp,
                       float* HWY_RESTRICT o, const uint8_t* const* pv) {
@@ -173,7 +171,7 @@ HWY_ATTR void pv_pass(const float* HWY_RESTRICT w, const uint8_t* const* vp, con
     }
     for (int j = 0; j < nk; ++j) {
       VF wr[NR];
-      for (int r = 0; r < NR; ++r) wr[r] = hn::Set(df, w[r * kBlock + j]);
+      for (int r = 0; r < NR; ++r) wr[r] = hn::Set(df, w[j * NR + r]);
       const uint8_t* vr = vp[j];
       for (int v = 0; v < NV; ++v)
         if (v < nv) {
@@ -230,6 +228,59 @@ void pick_kernels(DType t, int nr, QkFn* qk, PvFn* pv) {
     case DType::kFp8E4M3: pick_kernels<DType::kFp8E4M3>(nr, qk, pv); break;
     default: pick_kernels<DType::kF32>(nr, qk, pv); break;
   }
+}
+
+// The lane layout of a pass (lane kk * NR + r: key kk, row r): lane permutations that combine
+// the lanes of one row (XOR by NR, 2 NR, ... L/2), and the one that spreads per-key values over it.
+struct LaneLayout {
+  using Idx = decltype(hn::SetTableIndices(DF(), static_cast<const int32_t*>(nullptr)));
+  int nr = 1, steps = 0;
+  Idx row_perm[4];
+  Idx expand;
+  explicit LaneLayout(int rows_per_pass) : nr(rows_per_pass) {
+    const DF df;
+    alignas(64) int32_t idx[kLanes];
+    for (int step = nr; step < kLanes; step *= 2, ++steps) {
+      for (int i = 0; i < kLanes; ++i) idx[i] = i ^ step;
+      row_perm[steps] = hn::SetTableIndices(df, idx);
+    }
+    for (int i = 0; i < kLanes; ++i) idx[i] = i / nr;
+    expand = hn::SetTableIndices(df, idx);
+    if (steps == 0) row_perm[0] = expand;
+  }
+  HWY_INLINE VF row_max(VF v) const {
+    for (int i = 0; i < steps; ++i) v = hn::Max(v, hn::TableLookupLanes(v, row_perm[i]));
+    return v;
+  }
+  // Per-key values x[kk] of the keys of vector `vec`, spread over their rows' lanes.
+  HWY_INLINE VF per_key(const float* x, int vec) const {
+    return hn::TableLookupLanes(hn::LoadU(DF(), x + vec * (kLanes / nr)), expand);
+  }
+};
+
+// Online softmax step of one pass over one block, in the lane layout: s (nvec vectors, masked)
+// becomes the weights (times the per-key V scales vs, if any); m and l are the pass's running max
+// (the same in every lane of a row) and per-lane sums; alpha gets each row's rescale factor.
+HWY_ATTR void softmax_pass(float* HWY_RESTRICT s, int nvec, const LaneLayout& lay, const float* vs, float* m, float* l,
+                           float* alpha) {
+  const DF df;
+  VF mx = hn::Load(df, m);
+  for (int v = 0; v < nvec; ++v) mx = hn::Max(mx, hn::Load(df, s + v * kLanes));
+  mx = lay.row_max(mx);
+  // A row with nothing visible so far keeps max -inf: subtract 0 so that exp gives 0, not NaN.
+  const VF ms = hn::IfThenElseZero(hn::Ne(mx, hn::Set(df, kNegInf)), mx);
+  const VF al = hn::Exp(df, hn::Sub(hn::Load(df, m), ms));
+  VF sum = hn::Zero(df);
+  for (int v = 0; v < nvec; ++v) {
+    const VF e = hn::Exp(df, hn::Sub(hn::Load(df, s + v * kLanes), ms));
+    sum = hn::Add(sum, e);
+    hn::Store(vs ? hn::Mul(e, lay.per_key(vs, v)) : e, df, s + v * kLanes);
+  }
+  hn::Store(hn::MulAdd(hn::Load(df, l), al, sum), df, l);
+  hn::Store(mx, df, m);
+  alignas(64) float a[kLanes];
+  hn::Store(al, df, a);
+  for (int r = 0; r < lay.nr; ++r) alpha[r] = a[r];
 }
 
 // Where keys [j0, j0 + n) of a sequence live: the kv-head-0 row of K and of V (bytes), and the
@@ -309,8 +360,9 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
   std::fill(o, o + size_t(nh) * rows * dvp, 0.0f);
   float* m = sc.m.get();
   float* l = sc.l.get();
-  std::fill(m, m + nh * rows, kNegInf);
-  std::fill(l, l + nh * rows, 0.0f);
+  std::fill(m, m + size_t(nh) * rows / nr * L, kNegInf);  // per pass, lane layout
+  std::fill(l, l + size_t(nh) * rows / nr * L, 0.0f);
+  const LaneLayout lay(nr);
 
   // This split's share of the visited keys: sinks first, then the window part.
   const int64_t total = g.sink_end + (g.range_end - g.range_begin);
@@ -326,7 +378,6 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
   float* kf = sc.kf.get();
   float* vf = sc.vf.get();
   float* s = sc.s.get();
-  float* w = sc.w.get();
   float* alpha = sc.alpha.get();
   float* ks = sc.ks.get();
   float* vs = sc.vs.get();
@@ -357,8 +408,6 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
     for (int hk = 0; hk < nh; ++hk) {
       float* qh = q + size_t(hk) * rows * dp;
       float* oh = o + size_t(hk) * rows * dvp;
-      float* mh = m + hk * rows;
-      float* lh = l + hk * rows;
       if (direct) {
         const int64_t kh = hk * K.head_stride * K.elem_bytes, vh = hk * V.head_stride * V.elem_bytes;
         for (int j = 0; j < nk; ++j) {
@@ -393,42 +442,28 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
       }
       for (int j = nk; j < nkp; ++j) kp[j] = kp[nk - 1];  // whole passes of keys; results dropped
       qk(qh, size_t(dp), kp, nk, rows, s, direct ? pfk : nullptr);
-      for (int r = 0; r < rows; ++r) {
-        float* sr = s + size_t(r) * kBlock;
+      const int nvec = nkp * nr / L;  // score vectors per pass
+      for (int r0 = 0; r0 < rows; r0 += nr) {
+        float* sp = s + size_t(r0) * kBlock;
         if (quant)
-          for (int j = 0; j < nkp; j += L) hn::Store(hn::Mul(hn::Load(df, sr + j), hn::Load(df, ks + j)), df, sr + j);
+          for (int v = 0; v < nvec; ++v)
+            hn::Store(hn::Mul(hn::Load(df, sp + v * L), lay.per_key(ks, v)), df, sp + v * L);
         if (p.softcap > 0.0f) {
           const VF cap = hn::Set(df, p.softcap), inv = hn::Set(df, 1.0f / p.softcap);
-          for (int j = 0; j < nkp; j += L)
-            hn::Store(hn::Mul(cap, hn::Tanh(df, hn::Mul(hn::Load(df, sr + j), inv))), df, sr + j);
+          for (int v = 0; v < nvec; ++v)
+            hn::Store(hn::Mul(cap, hn::Tanh(df, hn::Mul(hn::Load(df, sp + v * L), inv))), df, sp + v * L);
         }
-        for (int j = nk; j < nkp; ++j) sr[j] = kNegInf;  // after the soft-cap, which would make it finite
-        if (!full) {
-          const int64_t pos = pos0 + r / group;
-          for (int j = 0; j < nk; ++j)
-            if (!mask.visible(pos, j0 + j)) sr[j] = kNegInf;
-        }
-        float* wr = w + size_t(r) * kBlock;
-        VF vmax = hn::Set(df, mh[r]);
-        for (int j = 0; j < nkp; j += L) vmax = hn::Max(vmax, hn::Load(df, sr + j));
-        const float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
-        if (mx == kNegInf) {  // nothing visible yet for this row: weights 0, state unchanged
-          alpha[r] = 1.0f;
-          std::fill(wr, wr + nkp, 0.0f);
-          continue;
-        }
-        alpha[r] = std::exp(mh[r] - mx);
-        const VF vm = hn::Set(df, mx);
-        VF sum = hn::Zero(df);
-        for (int j = 0; j < nkp; j += L) {
-          const VF e = hn::Exp(df, hn::Sub(hn::Load(df, sr + j), vm));
-          sum = hn::Add(sum, e);
-          hn::Store(quant ? hn::Mul(e, hn::Load(df, vs + j)) : e, df, wr + j);
-        }
-        lh[r] = lh[r] * alpha[r] + hn::GetLane(hn::SumOfLanes(df, sum));
-        mh[r] = mx;
+        for (int i = nk * nr; i < nvec * L; ++i) sp[i] = kNegInf;  // after the soft-cap, which would make it finite
+        if (!full)
+          for (int rr = 0; rr < nr; ++rr) {
+            const int64_t pos = pos0 + (r0 + rr) / group;
+            for (int j = 0; j < nk; ++j)
+              if (!mask.visible(pos, j0 + j)) sp[j * nr + rr] = kNegInf;
+          }
+        const size_t st = (size_t(hk) * rows + r0) / nr * L;  // this pass's running state
+        softmax_pass(sp, nvec, lay, quant ? vs : nullptr, m + st, l + st, alpha + r0);
       }
-      pv(w, vp, alpha, nk, rows, size_t(dvp), oh, direct ? pfv : nullptr);
+      pv(s, vp, alpha, nk, rows, size_t(dvp), oh, direct ? pfv : nullptr);
     }
     v0 = v1;
     cur_i = next_i;
@@ -436,9 +471,13 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
   for (int hk = 0; hk < nh; ++hk)
     for (int r = 0; r < real_rows; ++r) {
       const int rp = hk * rows + r, ro = hk * real_rows + r;
-      const float inv = l[rp] > 0.0f ? 1.0f / l[rp] : 0.0f;
+      const size_t st = size_t(rp) / nr * L;  // the row's pass state; its lanes kk * nr + r % nr
+      float lr = 0.0f;
+      for (int kk = 0; kk < L / nr; ++kk) lr += l[st + kk * nr + r % nr];
+      const float mr = m[st + r % nr];
+      const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
       for (int c = 0; c < dv; ++c) out_o[size_t(ro) * dv + c] = o[size_t(rp) * dvp + c] * inv;
-      out_lse[ro] = l[rp] > 0.0f ? m[rp] + std::log(l[rp]) : kNegInf;
+      out_lse[ro] = lr > 0.0f ? mr + std::log(lr) : kNegInf;
     }
 }
 
