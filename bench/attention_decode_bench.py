@@ -45,6 +45,13 @@ def run_escala(binary, shapes, reps):
     return res
 
 
+def run_cascade(binary, reps):
+    spec = "cascade_32k_prefix_B128,B=128,T=128,h=32,hk=8,d=128,prefix=32768"
+    out = run_bin(binary, ["--bench-decode", "--reps", str(reps), spec])
+    m = re.search(r"CASCADE name=\S+ plain_ms=([\d.]+) cascade_ms=([\d.]+) speedup=([\d.]+)", out)
+    return (float(m.group(1)), float(m.group(2)), float(m.group(3))) if m else None
+
+
 def time_cuda(fn, reps):
     import torch
     for _ in range(3):
@@ -97,6 +104,7 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--filter", default="")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--no-cascade", action="store_true")
     args = ap.parse_args()
     shapes = [s for s in SHAPES if args.filter in s[0]]
 
@@ -120,6 +128,13 @@ def main():
               f"{fmt(e and e[2])} | {fmt(e and pg and pg[0] / e[0], '{:.3f}')} | "
               f"{fmt(e and f8 and e[0] / f8[0], '{:.2f}x')} | {fmt(cud)} | {fmt(peers.get('FA2'))} | "
               f"{fmt(ratio, '{:.2f}x')} |", flush=True)
+    if not args.no_cascade:
+        c = run_cascade(args.bin, args.reps)
+        if c:
+            print(f"\ncascade, 128 sequences x (32k shared prefix + 128 own tokens), GQA 32/8, d=128, bf16 paged: "
+                  f"plain decode {c[0]:.3f} ms, cascade {c[1]:.3f} ms, speedup {c[2]:.1f}x")
+        else:
+            print("\ncascade: no result (see stderr)")
 
 
 if __name__ == "__main__":

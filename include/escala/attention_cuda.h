@@ -31,6 +31,19 @@ bool cuda_available();
 
 Status attention_cuda(const AttentionParams& p, void* stream, const CudaOptions& options = {});
 
+// Shared-prefix (cascade) attention: every sequence of `p` continues one shared prefix, whose K/V
+// are read once for all of them and merged with each sequence's own part by LSE (FlashInfer's
+// cascade). `p` is the usual call over each sequence's own tokens (cu_seqlens_k: suffix lengths;
+// paged, its own pages) and the result equals attention over prefix + suffix. The prefix lives in
+// the same paged pool. Needs host cu_seqlens; masks: causal or none (no window, no sinks: they
+// depend on absolute positions).
+struct CascadePrefix {
+  int32_t kv_len = 0;                     // tokens in the shared prefix
+  const int32_t* page_indices = nullptr;  // device: its ceil(kv_len / page_size) pages
+};
+Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& prefix, void* stream,
+                              const CudaOptions& options);
+
 // The decode kernel's split count for these shapes (from batch x kv heads against the SM count).
 int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len);
 // Workspace bytes the decode kernel needs with `num_splits` splits (0 when num_splits == 1).

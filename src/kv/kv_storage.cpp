@@ -6,21 +6,9 @@
 
 #include "common/numeric.h"
 #include "escala/kv_cache.h"
+#include "kv/row_codec.h"
 
 namespace escala::kv {
-
-namespace {
-constexpr float kI8Max = 127.0f;
-constexpr float kFp8Max = 448.0f;
-
-// Smallest power of two >= x (x >= 0; 0 stays 0).
-float pow2_at_least(float x) {
-  if (!(x > 0.0f)) return 0.0f;
-  int e = 0;
-  const float m = std::frexp(x, &e);  // x = m * 2^e, m in [0.5, 1)
-  return m == 0.5f ? x : std::ldexp(1.0f, e);
-}
-}  // namespace
 
 KvStorage::KvStorage(int32_t slots, int32_t num_blocks, int32_t block_size, int32_t num_kv_heads, int32_t head_dim,
                      DType dtype, bool hadamard_keys)
@@ -75,42 +63,17 @@ void KvStorage::copy_block(int32_t src, int32_t dst, int32_t tokens) {
 void KvStorage::store_row(uint8_t* base, std::vector<float>& scales, int32_t block, int32_t slot, int32_t head,
                           const float* x) {
   const int64_t row = ((int64_t(block) * block_size_ + slot) * h_kv_ + head) * d_;
-  float mx = 0.0f;
-  for (int32_t c = 0; c < d_; ++c) mx = std::max(mx, std::fabs(x[c]));
   switch (dtype_) {
-    case DType::kF32: std::memcpy(base + row * 4, x, size_t(d_) * 4); break;
-    case DType::kF16:
-      for (int32_t c = 0; c < d_; ++c) reinterpret_cast<uint16_t*>(base)[row + c] = f32_to_f16(x[c]);
+    case DType::kI8:
+      scales[(int64_t(block) * block_size_ + slot) * h_kv_ + head] =
+          encode_i8_row(reinterpret_cast<int8_t*>(base) + row, x, d_);
       break;
-    case DType::kBF16:
-      for (int32_t c = 0; c < d_; ++c) reinterpret_cast<uint16_t*>(base)[row + c] = f32_to_bf16(x[c]);
+    case DType::kFp8E4M3:
+      encode_fp8_row(base + row, &scales[int64_t(block) * h_kv_ + head], x, d_, slot, [&](int32_t s) {
+        return base + ((int64_t(block) * block_size_ + s) * h_kv_ + head) * d_;
+      });
       break;
-    case DType::kI8: {
-      const float sc = mx / kI8Max;
-      scales[(int64_t(block) * block_size_ + slot) * h_kv_ + head] = sc;
-      const float inv = sc > 0 ? 1.0f / sc : 0.0f;
-      auto* q = reinterpret_cast<int8_t*>(base) + row;
-      for (int32_t c = 0; c < d_; ++c) q[c] = int8_t(std::clamp(std::lrint(x[c] * inv), -127l, 127l));
-      break;
-    }
-    case DType::kFp8E4M3: {
-      float& sc = scales[int64_t(block) * h_kv_ + head];
-      const float need = pow2_at_least(mx / kFp8Max);
-      if (need > sc) {
-        // Re-encode the block's earlier tokens of this head at the larger scale: exact for normal
-        // values, since old / need is a power of two (see header).
-        const float ratio = sc / need;
-        for (int32_t s = 0; s < slot; ++s) {
-          uint8_t* r = base + ((int64_t(block) * block_size_ + s) * h_kv_ + head) * d_;
-          for (int32_t c = 0; c < d_; ++c) r[c] = f32_to_fp8e4m3(fp8e4m3_to_f32(r[c]) * ratio);
-        }
-        sc = need;
-      }
-      const float inv = sc > 0 ? 1.0f / sc : 0.0f;
-      uint8_t* q = base + row;
-      for (int32_t c = 0; c < d_; ++c) q[c] = f32_to_fp8e4m3(x[c] * inv);
-      break;
-    }
+    default: encode_float_row(base + row * int64_t(eb_), dtype_, x, d_); break;
   }
 }
 

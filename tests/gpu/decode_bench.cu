@@ -1,6 +1,7 @@
 // Decode benchmark mode of the GPU test binary:
 //   escala_gpu_tests --bench-decode [--reps N] SPEC...   SPEC = name,B=..,T=..,h=..,hk=..,d=..
-//       [,kv=bf16|f16|i8|fp8][,page=16][,q=1][,splits=0]
+//       [,kv=bf16|f16|i8|fp8][,page=16][,q=1][,splits=0][,prefix=N]
+//   (prefix=N: B sequences share an N-token prefix and own T tokens: plain decode vs cascade)
 //   escala_gpu_tests --bench-read [--reps N] [--mb 4096]   the device's read ceiling
 // Inputs are filled on the device with hashed uniform values (never zeros); pages are a random
 // permutation. Each shape: CUDA events around each call, median of N after warm-up. Bandwidth =
@@ -74,7 +75,7 @@ __global__ void read_kernel(const uint4* p, size_t n, uint32_t* out) {
 
 struct Spec {
   std::string name;
-  int B = 1, T = 1024, h = 32, hk = 8, d = 128, page = 0, q = 1, splits = 0;
+  int B = 1, T = 1024, h = 32, hk = 8, d = 128, page = 0, q = 1, splits = 0, prefix = 0;
   DType kv = DType::kBF16;
 };
 
@@ -107,6 +108,7 @@ bool parse(const std::string& text, Spec& s) {
     else if (k == "page") s.page = x;
     else if (k == "q") s.q = x;
     else if (k == "splits") s.splits = x;
+    else if (k == "prefix") s.prefix = x;
     else return false;
   }
   return !first && s.B > 0 && s.T > 0 && s.h > 0 && s.hk > 0 && s.d > 0 && s.q > 0;
@@ -131,6 +133,57 @@ double median_ms(F&& launch, int reps) {
   GPU_CHECK(cudaEventDestroy(e1));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+// B sequences that share a `prefix`-token prefix (whole 16-token pages) and own T tokens each:
+// plain paged decode over prefix + own tokens, then cascade (prefix read once), bf16.
+void bench_cascade(const Spec& s, int reps, uint64_t seed) {
+  const int page = 16;
+  const int64_t pre_pages = (s.prefix + page - 1) / page, own_pages = (s.T + page - 1) / page;
+  const int64_t pages = pre_pages + own_pages * s.B;
+  const size_t bytes = size_t(pages) * page * s.hk * s.d * 2;
+  DeviceBuffer dq(size_t(s.B) * s.h * s.d * 2), d_o(size_t(s.B) * s.h * s.d * 2), dk(bytes), dv(bytes);
+  fill(dq.get(), dq.bytes(), 0, seed), fill(dk.get(), bytes, 0, seed + 1), fill(dv.get(), bytes, 0, seed + 2);
+  std::vector<int32_t> cu_q(s.B + 1), cu_full(s.B + 1), cu_own(s.B + 1), ind_full{0}, ind_own{0}, pg_full, pg_own, pg_pre;
+  for (int64_t i = 0; i < pre_pages; ++i) pg_pre.push_back(int32_t(i));
+  for (int b = 0; b < s.B; ++b) {
+    cu_q[b + 1] = b + 1, cu_full[b + 1] = cu_full[b] + s.prefix + s.T, cu_own[b + 1] = cu_own[b] + s.T;
+    pg_full.insert(pg_full.end(), pg_pre.begin(), pg_pre.end());
+    for (int64_t i = 0; i < own_pages; ++i) {
+      const int32_t pg = int32_t(pre_pages + b * own_pages + i);
+      pg_full.push_back(pg), pg_own.push_back(pg);
+    }
+    ind_full.push_back(int32_t(pg_full.size())), ind_own.push_back(int32_t(pg_own.size()));
+  }
+  DeviceBuffer dcq(cu_q.size() * 4), dcf(cu_q.size() * 4), dco(cu_q.size() * 4), dif(cu_q.size() * 4), dio(cu_q.size() * 4),
+      dpf(pg_full.size() * 4), dpo(std::max<size_t>(4, pg_own.size() * 4)), dpp(std::max<size_t>(4, pg_pre.size() * 4));
+  dcq.upload(cu_q), dcf.upload(cu_full), dco.upload(cu_own), dif.upload(ind_full), dio.upload(ind_own);
+  dpf.upload(pg_full), dpo.upload(pg_own), dpp.upload(pg_pre);
+  attn::AttentionParams p;
+  p.q = dq.get(), p.k = dk.get(), p.v = dv.get(), p.o = d_o.get();
+  p.q_dtype = p.o_dtype = p.kv_dtype = DType::kBF16;
+  p.q_row_stride = p.o_row_stride = int64_t(s.h) * s.d, p.q_head_stride = p.o_head_stride = s.d;
+  p.k_row_stride = p.v_row_stride = int64_t(s.hk) * s.d, p.k_head_stride = p.v_head_stride = s.d;
+  p.k_page_stride = p.v_page_stride = int64_t(page) * s.hk * s.d;
+  p.page_size = page, p.batch = s.B, p.num_heads = s.h, p.num_kv_heads = s.hk, p.head_dim = s.d, p.causal = true;
+  p.cu_seqlens_q = dcq.get<int32_t>();
+  attn::AttentionParams full = p, own = p;
+  full.cu_seqlens_k = dcf.get<int32_t>(), full.page_indptr = dif.get<int32_t>(), full.page_indices = dpf.get<int32_t>();
+  own.cu_seqlens_k = dco.get<int32_t>(), own.page_indptr = dio.get<int32_t>(), own.page_indices = dpo.get<int32_t>();
+  attn::CudaOptions of, oo;
+  of.host_cu_seqlens_q = oo.host_cu_seqlens_q = cu_q.data();
+  of.host_cu_seqlens_k = cu_full.data(), oo.host_cu_seqlens_k = cu_own.data();
+  attn::CascadePrefix prefix;
+  prefix.kv_len = s.prefix, prefix.page_indices = dpp.get<int32_t>();
+  Status st1, st2;
+  const double plain = median_ms([&] { st1 = attn::attention_cuda(full, nullptr, of); }, reps);
+  const double casc = median_ms([&] { st2 = attn::cascade_attention_cuda(own, prefix, nullptr, oo); }, reps);
+  if (!st1.ok() || !st2.ok()) {
+    std::printf("CASCADE name=%s error=\"%s\"\n", s.name.c_str(), (st1.ok() ? st2 : st1).message().c_str());
+    return;
+  }
+  std::printf("CASCADE name=%s plain_ms=%.4f cascade_ms=%.4f speedup=%.2f\n", s.name.c_str(), plain, casc, plain / casc);
+  std::fflush(stdout);
 }
 
 }  // namespace
@@ -175,6 +228,10 @@ int run_decode_bench(int argc, char** argv) {
   }
   uint64_t seed = 1;
   for (const Spec& s : specs) {
+    if (s.prefix > 0) {
+      bench_cascade(s, reps, seed += 3);
+      continue;
+    }
     const int64_t tq = int64_t(s.B) * s.q;
     const size_t eb = dtype_size(s.kv);
     const bool quant = s.kv == DType::kI8 || s.kv == DType::kFp8E4M3;

@@ -493,6 +493,91 @@ TEST(DecodeCuda, CudaGraphReplaysWithNewLengths) {
   GPU_CHECK(cudaStreamDestroy(s));
 }
 
+// Cascade: B sequences sharing a P-token prefix (whole pages) give what plain decode over
+// prefix + own tokens gives, with the prefix pages read once.
+TEST(DecodeCuda, CascadeSharedPrefixEqualsFullSequences) {
+  uint64_t seed = 800;
+  for (DType kvt : {DType::kBF16, DType::kI8})
+    for (bool sink_logits : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(kvt)) + (sink_logits ? " sink logits" : ""));
+      const int P = 16 * 40, page = 16;
+      const std::vector<int> own = {1, 17, 100, 3, 33}, q_lens = {1, 1, 2, 1, 3};
+      const int B = int(own.size());
+      // One store holds the prefix as "sequence 0" and each suffix as sequence b + 1.
+      DecCase c;
+      c.h = 8, c.hk = 2, c.d = 128, c.kv = kvt, c.page_size = page, c.seed = seed++, c.sink_logits = sink_logits;
+      c.q_lens.assign(B + 1, 0), c.kv_lens.assign(B + 1, P);
+      for (int b = 0; b < B; ++b) c.q_lens[b + 1] = q_lens[b], c.kv_lens[b + 1] = own[b];
+      const Problem pr = make_problem(c);
+      KvData kv = store_kv(pr.kf, pr.vf, c.kv_lens, c.hk, c.d, c.kv, page, c.seed + 1);
+      kv.upload();
+      // Full sequences: prefix pages, then own pages.
+      std::vector<int32_t> cu_q(B + 1, 0), cu_full(B + 1, 0), cu_own(B + 1, 0), ind_full{0}, ind_own{0}, pages_full,
+          pages_own;
+      const std::vector<int32_t> prefix_pages(kv.indices.begin(), kv.indices.begin() + kv.indptr[1]);
+      for (int b = 0; b < B; ++b) {
+        cu_q[b + 1] = cu_q[b] + q_lens[b];
+        cu_full[b + 1] = cu_full[b] + P + own[b], cu_own[b + 1] = cu_own[b] + own[b];
+        pages_full.insert(pages_full.end(), prefix_pages.begin(), prefix_pages.end());
+        for (int i = kv.indptr[b + 1]; i < kv.indptr[b + 2]; ++i)
+          pages_full.push_back(kv.indices[i]), pages_own.push_back(kv.indices[i]);
+        ind_full.push_back(int32_t(pages_full.size())), ind_own.push_back(int32_t(pages_own.size()));
+      }
+      const int64_t tq = cu_q[B];
+      AttentionParams hp;
+      hp.q_dtype = hp.o_dtype = c.dt, hp.kv_dtype = c.kv, hp.batch = B;
+      hp.num_heads = c.h, hp.num_kv_heads = c.hk, hp.head_dim = c.d, hp.causal = true;
+      hp.q_row_stride = hp.o_row_stride = int64_t(c.h) * c.d, hp.q_head_stride = hp.o_head_stride = c.d;
+      hp.q = pr.q.data(), hp.sink_logits = sink_logits ? pr.sinks.data() : nullptr;
+      hp.cu_seqlens_q = cu_q.data(), hp.cu_seqlens_k = cu_full.data();
+      kv.bind(hp, page, false);
+      hp.k_head_stride = hp.v_head_stride = c.d;
+      hp.page_indptr = ind_full.data(), hp.page_indices = pages_full.data();
+      std::vector<float> kd(static_cast<size_t>(cu_full[B]) * c.hk * c.d), vd(kd.size());
+      for (int b = 0; b < B; ++b) {
+        const attn::KvSeq ks = attn::make_kv_seq(hp, b, false), vs = attn::make_kv_seq(hp, b, true);
+        for (int t = 0; t < P + own[b]; ++t)
+          for (int hh = 0; hh < c.hk; ++hh)
+            for (int x = 0; x < c.d; ++x) {
+              const size_t i = ((cu_full[b] + t) * int64_t(c.hk) + hh) * c.d + x;
+              kd[i] = ks.load(t, hh, x), vd[i] = vs.load(t, hh, x);
+            }
+      }
+      AttentionParams r = hp;
+      r.page_size = 0, r.kv_dtype = DType::kF32, r.k = kd.data(), r.v = vd.data(), r.k_scale = r.v_scale = nullptr;
+      r.k_row_stride = r.v_row_stride = int64_t(c.hk) * c.d;
+      std::vector<float> o_ref(tq * c.h * c.d), lse_ref(tq * c.h);
+      parallel_reference(r, o_ref, lse_ref, tq);
+
+      // Device: each sequence's own pages, plus the prefix.
+      DeviceBuffer dq(tq * c.h * c.d * 2), d_o(tq * c.h * c.d * 2), d_lse(tq * c.h * 4), dcq((B + 1) * 4),
+          dck((B + 1) * 4), dind((B + 1) * 4), dpages(pages_own.size() * 4), dprefix(prefix_pages.size() * 4),
+          dsink(c.h * 4);
+      GPU_CHECK(cudaMemcpy(dq.get(), pr.q.data(), tq * c.h * c.d * 2, cudaMemcpyHostToDevice));
+      dcq.upload(cu_q), dck.upload(cu_own), dind.upload(ind_own), dpages.upload(pages_own), dprefix.upload(prefix_pages);
+      dsink.upload(pr.sinks);
+      AttentionParams g = hp;
+      kv.bind(g, page, true);
+      g.k_head_stride = g.v_head_stride = c.d;
+      g.q = dq.get(), g.o = d_o.get(), g.lse = d_lse.get<float>();
+      g.sink_logits = sink_logits ? dsink.get<float>() : nullptr;
+      g.cu_seqlens_q = dcq.get<int32_t>(), g.cu_seqlens_k = dck.get<int32_t>();
+      g.page_indptr = dind.get<int32_t>(), g.page_indices = dpages.get<int32_t>();
+      attn::CudaOptions opt;
+      opt.host_cu_seqlens_q = cu_q.data(), opt.host_cu_seqlens_k = cu_own.data();
+      attn::CascadePrefix prefix;
+      prefix.kv_len = P, prefix.page_indices = dprefix.get<int32_t>();
+      GPU_CHECK(cudaMemset(d_o.get(), 0xff, d_o.bytes()));
+      const Status st = attn::cascade_attention_cuda(g, prefix, nullptr, opt);
+      ASSERT_TRUE(st.ok()) << st.message();
+      GPU_CHECK(cudaDeviceSynchronize());
+      RunResult out;
+      out.o.resize(tq * c.h * c.d), out.lse.resize(tq * c.h);
+      d_o.download(out.o), d_lse.download(out.lse);
+      compare(out, o_ref, lse_ref, c.dt, kTolBf16, 8e-3);
+    }
+}
+
 TEST(DecodeCuda, UnsupportedInputsAreErrors) {
   DecCase c;
   c.q_lens = {1}, c.kv_lens = {10};

@@ -1,0 +1,150 @@
+// Cascade (shared-prefix) attention: one decode-kernel call over the shared prefix with every
+// sequence's queries as the rows of one sequence, one over each sequence's own tokens, and a merge
+// of the two partial results by LSE (with the learned sink logit joining once, at the merge).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "attention/cuda/sm80/ptx.cuh"
+#include "escala/attention_cuda.h"
+
+namespace escala::attn {
+
+namespace {
+
+Status fail(const std::string& m) { return Status::error("cascade_attention_cuda: " + m); }
+
+// One warp per (query row, head): O = (w_a O_a + w_b O_b) / (w_a + w_b [+ e^sink]).
+template <class T>
+__global__ void merge_two_kernel(const T* oa, const float* la, const T* ob, const float* lb, const float* sinks,
+                                 T* o, float* lse, int64_t rows, int heads, int d, int64_t o_row_stride,
+                                 int64_t o_head_stride) {
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (w >= rows * heads) return;
+  const int64_t row = w / heads;
+  const int h = static_cast<int>(w % heads);
+  const float a = la[w], b = lb[w], s = sinks ? sinks[h] : -INFINITY;
+  const float mx = fmaxf(fmaxf(a, b), s);
+  float wa = 0.0f, wb = 0.0f, l = 0.0f;
+  if (mx != -INFINITY) {
+    wa = a == -INFINITY ? 0.0f : __expf(a - mx), wb = b == -INFINITY ? 0.0f : __expf(b - mx);
+    l = wa + wb + (s == -INFINITY ? 0.0f : __expf(s - mx));
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  T* out = o + row * o_row_stride + h * o_head_stride;
+  const int64_t src = w * d;
+  using M = cuda::MmaType<T>;
+  for (int c = 2 * lane; c < d; c += 64) {
+    float x0, x1, y0, y1;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(oa + src + c));
+      const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(ob + src + c));
+      x0 = f.x, x1 = f.y, y0 = g.x, y1 = g.y;
+    } else {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(oa + src + c));
+      const float2 g = __half22float2(*reinterpret_cast<const __half2*>(ob + src + c));
+      x0 = f.x, x1 = f.y, y0 = g.x, y1 = g.y;
+    }
+    *reinterpret_cast<uint32_t*>(out + c) = M::pack((wa * x0 + wb * y0) * inv, (wa * x1 + wb * y1) * inv);
+  }
+  if (lane == 0 && lse) lse[w] = l > 0.0f ? mx + __logf(l) : -INFINITY;
+}
+
+// Scratch for the two partial results and the prefix call's little index arrays (grown, kept).
+Result<uint8_t*> scratch(size_t bytes) {
+  static std::mutex mu;
+  static void* buf = nullptr;
+  static size_t size = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (bytes > size) {
+    if (buf) cudaFree(buf);
+    buf = nullptr, size = 0;
+    const cudaError_t e = cudaMalloc(&buf, bytes);
+    if (e != cudaSuccess) return fail(std::string("allocating scratch: ") + cudaGetErrorString(e));
+    size = bytes;
+  }
+  return static_cast<uint8_t*>(buf);
+}
+
+}  // namespace
+
+Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& prefix, void* stream_ptr,
+                              const CudaOptions& options) {
+  if (!options.host_cu_seqlens_q || !options.host_cu_seqlens_k) return fail("host cu_seqlens are required");
+  if (p.page_size <= 0 || !prefix.page_indices) return fail("the prefix must be paged (page_indices)");
+  if (prefix.kv_len < 0) return fail("negative prefix length");
+  if (p.window_left >= 0 || p.window_right >= 0 || p.num_sinks > 0) return fail("windows and sinks are not supported");
+  if (p.q_dtype != DType::kBF16 && p.q_dtype != DType::kF16) return fail("q must be bf16 or f16");
+  if (p.num_heads < 1 || p.head_dim < 1 || p.batch < 1) return fail("bad shape");
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const int64_t total_q = options.host_cu_seqlens_q[p.batch];
+  if (total_q <= 0) return {};
+  const int d = p.head_dim;
+  const size_t o_bytes = size_t(total_q) * p.num_heads * d * 2, l_bytes = size_t(total_q) * p.num_heads * 4;
+  auto ws = scratch(2 * o_bytes + 2 * l_bytes + 64);
+  if (!ws.ok()) return ws.status();
+  uint8_t* base = *ws;
+  void* o_pre = base;
+  void* o_own = base + o_bytes;
+  auto* l_pre = reinterpret_cast<float*>(base + 2 * o_bytes);
+  auto* l_own = reinterpret_cast<float*>(base + 2 * o_bytes + l_bytes);
+  auto* idx = reinterpret_cast<int32_t*>(base + 2 * o_bytes + 2 * l_bytes);
+  const int32_t pages = (prefix.kv_len + p.page_size - 1) / p.page_size;
+  static thread_local int32_t host_idx[6];
+  host_idx[0] = 0, host_idx[1] = static_cast<int32_t>(total_q);  // cu_seqlens_q: all queries, one sequence
+  host_idx[2] = 0, host_idx[3] = prefix.kv_len;                    // cu_seqlens_k
+  host_idx[4] = 0, host_idx[5] = pages;                            // page_indptr
+  cudaError_t e = cudaMemcpyAsync(idx, host_idx, sizeof(host_idx), cudaMemcpyHostToDevice, stream);
+  if (e != cudaSuccess) return fail(std::string("uploading indices: ") + cudaGetErrorString(e));
+
+  // The shared prefix: every query sees all of it (it precedes every sequence's own tokens).
+  AttentionParams pre = p;
+  pre.batch = 1;
+  pre.cu_seqlens_q = idx, pre.cu_seqlens_k = idx + 2, pre.page_indptr = idx + 4, pre.page_indices = prefix.page_indices;
+  pre.causal = false, pre.sink_logits = nullptr;
+  pre.o = o_pre, pre.lse = l_pre;
+  pre.o_row_stride = int64_t(p.num_heads) * d, pre.o_head_stride = d;
+  CudaOptions po;
+  po.impl = Impl::kDecode;
+  po.host_cu_seqlens_q = host_idx, po.host_cu_seqlens_k = host_idx + 2;
+  if (prefix.kv_len > 0) {
+    ESCALA_RETURN_IF_ERROR(attention_cuda(pre, stream, po));
+  } else {
+    // An empty prefix contributes nothing: O = 0, LSE = -inf (a pageable copy: staged at once).
+    const std::vector<float> neg(size_t(total_q) * p.num_heads, -INFINITY);
+    e = cudaMemcpyAsync(l_pre, neg.data(), l_bytes, cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(o_pre, 0, o_bytes, stream);
+    if (e != cudaSuccess) return fail(cudaGetErrorString(e));
+  }
+
+  // Each sequence's own tokens.
+  AttentionParams own = p;
+  own.sink_logits = nullptr, own.o = o_own, own.lse = l_own;
+  own.o_row_stride = int64_t(p.num_heads) * d, own.o_head_stride = d;
+  CudaOptions oo = options;
+  oo.impl = Impl::kDecode;
+  ESCALA_RETURN_IF_ERROR(attention_cuda(own, stream, oo));
+
+  const int64_t warps = total_q * p.num_heads;
+  const unsigned blocks = unsigned((warps * 32 + 127) / 128);
+  const float* lpre = l_pre;
+  if (p.q_dtype == DType::kBF16) {
+    merge_two_kernel<__nv_bfloat16><<<blocks, 128, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(o_pre), lpre, static_cast<const __nv_bfloat16*>(o_own), l_own, p.sink_logits,
+        static_cast<__nv_bfloat16*>(p.o), p.lse, total_q, p.num_heads, d, p.o_row_stride, p.o_head_stride);
+  } else {
+    merge_two_kernel<__half><<<blocks, 128, 0, stream>>>(static_cast<const __half*>(o_pre), lpre,
+                                                         static_cast<const __half*>(o_own), l_own, p.sink_logits,
+                                                         static_cast<__half*>(p.o), p.lse, total_q, p.num_heads, d,
+                                                         p.o_row_stride, p.o_head_stride);
+  }
+  e = cudaGetLastError();
+  return e == cudaSuccess ? Status{} : fail(std::string("merge launch: ") + cudaGetErrorString(e));
+}
+
+}  // namespace escala::attn
