@@ -419,6 +419,12 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
             ks[j] = K.scale[cur.scale[j] + hk] * unbias;
             vs[j] = V.scale[cur.scale[j] + hk] * unbias;
           }
+          if (hk == 0)  // the next block's scales (every head's), once per block
+            for (int j = 0; j < next.n; ++j)
+              if (j == 0 || next.scale[j] != next.scale[j - 1]) {
+                request(reinterpret_cast<const uint8_t*>(K.scale + next.scale[j]));
+                request(reinterpret_cast<const uint8_t*>(V.scale + next.scale[j]));
+              }
           std::fill(ks + nk, ks + nkp, 0.0f);
           std::fill(vs + nk, vs + nkp, 0.0f);
         }
