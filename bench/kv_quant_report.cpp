@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
     }
   }
   fmt::print("\nkey error: ||Q(k) - k|| / ||k|| of the stored keys; for isotropic queries the expected score error\n"
-             "is ||Q(k) - k||, so its plain / Hadamard ratio bounds what the rotation can buy them. int8 (absolute\n"
+             "is ||Q(k) - k||, so its plain / Hadamard ratio is the score-error ratio the rotation gives them. int8 (absolute\n"
              "step = row max / 127) lowers it ~6x; e4m3 and bf16 round each element relative to itself\n"
              "(|dk_c| ~ eps |k_c|), so ||dk|| ~ eps ||k|| = eps ||Hk|| before and after: ratio ~1, and the rotation\n"
              "gains only when the queries weigh the outlier channels (aligned rows).\n");
