@@ -611,6 +611,8 @@ TEST(DecodeCudaSmall, AllPaths) {
     c.q_lens = {1, 2}, c.kv_lens = {33, 70};
     c.wl = 40, c.sinks = 2, c.sink_logits = true;
     check_case(c);
+    c.q_lens = {1, 9}, c.kv_lens = {33, 70};  // 27 rows: the wide form
+    check_case(c);
   }
 }
 

@@ -100,7 +100,8 @@ int sm_count() {
 }
 
 int row_tiles(const AttentionParams& p, int max_q_len) {
-  return (max_q_len * (p.num_heads / p.num_kv_heads) + 15) / 16;
+  const int group = p.num_heads / p.num_kv_heads, per = cuda::decode_rows_per_cta(max_q_len, group);
+  return (max_q_len * group + per - 1) / per;
 }
 
 // The library's own partials buffer, for callers that give none (grown, never shrunk).
@@ -133,6 +134,7 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
   k.k_scale = p.k_scale, k.v_scale = p.v_scale;
   k.batch = p.batch, k.num_heads = p.num_heads, k.num_kv_heads = p.num_kv_heads;
   k.group = p.num_heads / p.num_kv_heads;
+  k.rows_per_cta = cuda::decode_rows_per_cta(max_q_len, k.group);
   k.row_tiles = row_tiles(p, max_q_len);
   k.max_q_len = max_q_len;
   k.scale = effective_scale(p);
@@ -174,9 +176,10 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
 int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len) {
   if (p.num_kv_heads < 1 || p.num_heads < p.num_kv_heads || max_q_len < 1) return 1;
   const cuda::KvFormat f = kv_format(p.kv_dtype);
-  const int occupancy = p.head_dim <= 64    ? cuda::decode_ctas_per_sm_hd64(f)
-                        : p.head_dim <= 128 ? cuda::decode_ctas_per_sm_hd128(f)
-                                            : cuda::decode_ctas_per_sm_hd256(f);
+  const bool wide = cuda::decode_rows_per_cta(max_q_len, p.num_heads / p.num_kv_heads) == 64;
+  const int occupancy = p.head_dim <= 64    ? cuda::decode_ctas_per_sm_hd64(f, wide)
+                        : p.head_dim <= 128 ? cuda::decode_ctas_per_sm_hd128(f, wide)
+                                            : cuda::decode_ctas_per_sm_hd256(f, wide);
   const int64_t slots = int64_t(sm_count()) * occupancy;
   const int64_t units = int64_t(p.batch) * p.num_kv_heads * row_tiles(p, max_q_len);
   if (units >= slots) return 1;
@@ -237,8 +240,10 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
   }
   if (max_q_len <= 0) return {};
 
+  // A forced prefill arch (tests, benchmarks) keeps short runs on that kernel.
   const bool needs_decode = p.page_size != 0 || p.kv_dtype != p.q_dtype;
-  const bool decode = options.impl == Impl::kDecode || (options.impl == Impl::kAuto && (needs_decode || max_q_len <= 16));
+  const bool short_runs = max_q_len <= 16 && arch == KernelArch::kAuto && options.impl == Impl::kAuto;
+  const bool decode = options.impl == Impl::kDecode || needs_decode || short_runs;
   if (decode) return run_decode(p, options, max_q_len, max_kv_len, stream);
   ESCALA_RETURN_IF_ERROR(check_prefill(p));
 

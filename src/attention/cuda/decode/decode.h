@@ -15,8 +15,11 @@ cudaError_t run_decode_hd128(const DecodeParams& p, bool bf16, KvFormat f, cudaS
 cudaError_t run_decode_hd256(const DecodeParams& p, bool bf16, KvFormat f, cudaStream_t stream);
 
 // CTAs of the decode kernel that fit on one SM at once (for the split heuristic).
-int decode_ctas_per_sm_hd64(KvFormat f);
-int decode_ctas_per_sm_hd128(KvFormat f);
-int decode_ctas_per_sm_hd256(KvFormat f);
+int decode_ctas_per_sm_hd64(KvFormat f, bool wide);
+int decode_ctas_per_sm_hd128(KvFormat f, bool wide);
+int decode_ctas_per_sm_hd256(KvFormat f, bool wide);
+
+// Rows (query token x head of a kv head's group) per CTA: 64 when a run has more than 16.
+inline int decode_rows_per_cta(int max_q_len, int group) { return max_q_len * group > 16 ? 64 : 16; }
 
 }  // namespace escala::attn::cuda

@@ -7,6 +7,8 @@ cudaError_t run_decode_hd128(const DecodeParams& p, bool bf16, KvFormat f, cudaS
   return run_decode<128>(p, bf16, f, stream);
 }
 
-int decode_ctas_per_sm_hd128(KvFormat f) { return decode_ctas<128>(f); }
+int decode_ctas_per_sm_hd128(KvFormat f, bool wide) {
+  return wide ? decode_ctas<128, true>(f) : decode_ctas<128, false>(f);
+}
 
 }  // namespace escala::attn::cuda

@@ -7,6 +7,8 @@ cudaError_t run_decode_hd256(const DecodeParams& p, bool bf16, KvFormat f, cudaS
   return run_decode<256>(p, bf16, f, stream);
 }
 
-int decode_ctas_per_sm_hd256(KvFormat f) { return decode_ctas<256>(f); }
+int decode_ctas_per_sm_hd256(KvFormat f, bool wide) {
+  return wide ? decode_ctas<256, true>(f) : decode_ctas<256, false>(f);
+}
 
 }  // namespace escala::attn::cuda

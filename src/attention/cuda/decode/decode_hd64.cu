@@ -7,6 +7,8 @@ cudaError_t run_decode_hd64(const DecodeParams& p, bool bf16, KvFormat f, cudaSt
   return run_decode<64>(p, bf16, f, stream);
 }
 
-int decode_ctas_per_sm_hd64(KvFormat f) { return decode_ctas<64>(f); }
+int decode_ctas_per_sm_hd64(KvFormat f, bool wide) {
+  return wide ? decode_ctas<64, true>(f) : decode_ctas<64, false>(f);
+}
 
 }  // namespace escala::attn::cuda

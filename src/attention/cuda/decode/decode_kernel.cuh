@@ -28,9 +28,12 @@
 
 namespace escala::attn::cuda {
 
-template <int D, class T, KvFormat F>
+// kWide: the CTA's 4 warps take 16 rows each (64 rows) and share every K/V tile (long query runs
+// and cascade prefixes: 4x fewer K/V reads); otherwise they share 16 rows and split the keys.
+template <int D, class T, KvFormat F, bool kWide>
 struct DecodeCfg {
   static constexpr int kWarps = 4, kThreads = 32 * kWarps;
+  static constexpr int kRows = kWide ? 64 : 16;  // query rows per CTA
   static constexpr bool kQuant = F != KvFormat::kHalf;
   using MmaT = std::conditional_t<kQuant, __half, T>;
   static constexpr int kElemBytes = kQuant ? 1 : 2;
@@ -44,17 +47,20 @@ struct DecodeCfg {
   // loads of 8-bit rows are conflict-free, and a row stays one contiguous bulk copy.
   static constexpr int kRowPitch = kRowBytes + 16;
   // Bulk copies pay per request: worth it for rows of 256 bytes and more (cp.async otherwise).
-  static constexpr bool kBulkRows = kRowBytes >= 256;
+  static constexpr bool kBulkRows = kRowBytes >= 256 && !kWide;
   static constexpr int kTileBytes = kKeys * kRowPitch;
   static constexpr int kScaleBytes = kQuant ? 2 * kKeys * 4 : 0;
   static constexpr int kStageBytes = 2 * kTileBytes + kScaleBytes;
-  // ~28 KB of ring per warp: two CTAs (8 warps) per SM on Hopper for d <= 128.
-  static constexpr int kStagesRaw = 28672 / kStageBytes;
-  static constexpr int kStages = kStagesRaw < 2 ? 2 : (kStagesRaw > 6 ? 6 : kStagesRaw);
-  static constexpr int kRingBytes = kWarps * kStages * kStageBytes;
-  static constexpr int kMergeBytes = (kWarps * 16 * D + 2 * kWarps * 16 + 2 * 16) * 4;
+  // ~28 KB of ring per warp: two CTAs (8 warps) per SM on Hopper for d <= 128. One shared ring of
+  // about the same total in the wide form.
+  static constexpr int kRings = kWide ? 1 : kWarps;
+  static constexpr int kStagesRaw = (kWide ? 98304 : 28672) / kStageBytes;
+  static constexpr int kStageCap = kWide ? 8 : 6;
+  static constexpr int kStages = kStagesRaw < 2 ? 2 : (kStagesRaw > kStageCap ? kStageCap : kStagesRaw);
+  static constexpr int kRingBytes = kRings * kStages * kStageBytes;
+  static constexpr int kMergeBytes = (kWarps * 16 * D + 2 * kWarps * 16 + 2 * kRows) * 4;
   static constexpr int kBarOffset = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
-  static constexpr int kSmemBytes = kBarOffset + kWarps * kStages * 8;  // + one mbarrier per stage
+  static constexpr int kSmemBytes = kBarOffset + kRings * kStages * 8;  // + one mbarrier per stage
 };
 
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
@@ -130,9 +136,9 @@ __device__ __forceinline__ int o_column(int j, int n) {
   return kQuant ? 32 * (j / 4) + 4 * n + (j % 4) : 8 * j + n;
 }
 
-template <int D, class T, KvFormat F>
+template <int D, class T, KvFormat F, bool kWide>
 __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
-  using Cfg = DecodeCfg<D, T, F>;
+  using Cfg = DecodeCfg<D, T, F, kWide>;
   using MT = typename Cfg::MmaT;
   using M = MmaType<MT>;
   constexpr int kKT = D / 16;  // k-steps of QK
@@ -150,10 +156,12 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
   const int q0 = p.cu_seqlens_q[b], q_len = p.cu_seqlens_q[b + 1] - q0;
   const int k0 = p.cu_seqlens_k[b], kv_len = p.cu_seqlens_k[b + 1] - k0;
   const int rows = q_len * p.group;
-  if (rt * 16 >= rows) return;
-  const int row_hi = min(rows, rt * 16 + 16) - 1;
+  const int row0 = rt * Cfg::kRows;  // the CTA's first row
+  if (row0 >= rows) return;
+  const int row_hi = min(rows, row0 + Cfg::kRows) - 1;
   const int64_t shift = int64_t(kv_len) - q_len;  // aligned position = token + shift
-  const int64_t qp_min = rt * 16 / p.group + shift, qp_max = row_hi / p.group + shift;
+  const int64_t qp_min = row0 / p.group + shift, qp_max = row_hi / p.group + shift;
+  const int warp_row0 = row0 + (kWide ? 16 * warp : 0);  // this warp's 16 rows
 
   // This thread's two rows (g, g + 8): token, query head, mask.
   int tok[2], head[2];
@@ -161,7 +169,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
   RowMask rmask[2] = {RowMask(p.mask, 0, 0), RowMask(p.mask, 0, 0)};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int pr = rt * 16 + g + 8 * r;
+    const int pr = warp_row0 + g + 8 * r;
     valid[r] = pr < rows;
     tok[r] = valid[r] ? pr / p.group : 0;
     head[r] = hk * p.group + (valid[r] ? pr % p.group : 0);
@@ -197,24 +205,25 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
   const int t_begin = min(n_tiles, split * per_split), t_end = min(n_tiles, t_begin + per_split);
   const int32_t* pages = p.page_size > 0 ? p.page_indices + p.page_indptr[b] : nullptr;
 
-  uint8_t* ring = smem + warp * Cfg::kStages * Cfg::kStageBytes;
+  uint8_t* ring = smem + (kWide ? 0 : warp) * Cfg::kStages * Cfg::kStageBytes;
   const uint8_t* kbase = static_cast<const uint8_t*>(p.k);
   const uint8_t* vbase = static_cast<const uint8_t*>(p.v);
 
   constexpr bool kBulk = ESCALA_DECODE_BULK && Cfg::kBulkRows;
-  const uint32_t bars = smem_addr(smem + Cfg::kBarOffset) + warp * Cfg::kStages * 8;
+  const uint32_t bars = smem_addr(smem + Cfg::kBarOffset) + (kWide ? 0 : warp) * Cfg::kStages * 8;
 #if ESCALA_DECODE_BULK
   if (kBulk && lane == 0)
     for (int st = 0; st < Cfg::kStages; ++st) bar_init(bars + st * 8);
   __syncwarp();
 #endif
 
-  // Lane l looks up the page of key l % kKeys of the warp's tiles (tile i is t_begin + warp + 4 i)
-  // one tile ahead, so the page-table read never stalls the copies it feeds; the copies of a row
+  // The warp's i-th tile is t_begin + warp + 4 i (t_begin + i when wide: every warp, every tile).
+  // Lane l looks up the page of key l % kKeys of the warp's tiles one tile ahead, so the page-table read never stalls the copies it feeds; the copies of a row
   // get its page from that lane by a shuffle.
   const int r_lane = lane % Cfg::kKeys;
+  const int tile_of0 = t_begin + (kWide ? 0 : warp), tile_step = kWide ? 1 : Cfg::kWarps;
   auto lane_key = [&](int i) {  // -1 past the warp's tiles
-    const int t = t_begin + warp + Cfg::kWarps * i;
+    const int t = tile_of0 + tile_step * i;
     if (t >= t_end) return -1;
     const int kpos = tr.at(t) * Cfg::kKeys + r_lane;
     // Rows past the end: zeros (cp.async) or a copy of the last row (bulk), masked either way.
@@ -226,7 +235,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
   // Issues the loads of the warp's i-th tile into `stage` (K/V rows and, for 8-bit formats, their
   // scales). Called for i = 0, 1, 2, ... in order.
   auto load_tile = [&](int i, int stage) {
-    const int t = t_begin + warp + Cfg::kWarps * i;
+    const int t = tile_of0 + tile_step * i;
     const int32_t my_page = next_page;  // the page of key (lane % kKeys) of this tile
     next_page = page_of(lane_key(i + 1));
     if (t < t_end) {
@@ -264,23 +273,23 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
 #endif
       } else {
         // Consecutive lanes take consecutive 16-byte chunks of a row: each instruction reads whole
-        // 128-byte lines.
-        // Lane r computes where key r's K and V rows are; the copies fetch that by shuffle.
+        // 128-byte lines. Lane r computes where key r's K and V rows are; the copies fetch that by
+        // shuffle. Wide: the warps share the tile's copies.
         bool ok;
         int64_t slot;
         const long long k_off = row_src(r_lane, 0, my_page, ok, slot) - kbase;
         const long long v_off = row_src(r_lane, 1, my_page, ok, slot) - vbase;
-        constexpr int kCopies = 2 * Cfg::kKeys * Cfg::kChunks / 32;
+        constexpr int kCopies = 2 * Cfg::kKeys * Cfg::kChunks / 32 / (kWide ? Cfg::kWarps : 1);
 #pragma unroll
         for (int j = 0; j < kCopies; ++j) {
-          const int e = lane + 32 * j, rho = e / Cfg::kChunks, c = e % Cfg::kChunks;
+          const int e = lane + 32 * (j + (kWide ? warp * kCopies : 0)), rho = e / Cfg::kChunks, c = e % Cfg::kChunks;
           const int is_v = rho / Cfg::kKeys, r = rho % Cfg::kKeys;
           const long long off = __shfl_sync(0xffffffffu, is_v ? v_off : k_off, r);
           cp_async_16(st + is_v * Cfg::kTileBytes + r * Cfg::kRowPitch + c * 16, (is_v ? vbase : kbase) + off + c * 16,
                       key_lo + r < kv_len);
         }
       }
-      if constexpr (kQuant) {
+      if (kQuant && (!kWide || warp == 0)) {
 #pragma unroll
         for (int rho = lane; rho < 2 * Cfg::kKeys; rho += 32) {
           const int is_v = rho / Cfg::kKeys;
@@ -301,7 +310,8 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
   for (int j = 0; j < kDT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-  const int my_tiles = t_begin + warp < t_end ? (t_end - t_begin - warp + Cfg::kWarps - 1) / Cfg::kWarps : 0;
+  const int my_tiles = kWide ? t_end - t_begin
+                             : (t_begin + warp < t_end ? (t_end - t_begin - warp + Cfg::kWarps - 1) / Cfg::kWarps : 0);
 #pragma unroll
   for (int i = 0; i < Cfg::kStages - 1; ++i) load_tile(i, i);
 
@@ -311,10 +321,13 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
     if (kBulk) bar_wait(bars + stage * 8, (i / Cfg::kStages) & 1);
 #endif
     cp_async_wait<Cfg::kStages - 2>();
-    __syncwarp();
+    // Wide: every warp's copies of tile i have landed, and every warp is done with tile i - 1.
+    if constexpr (kWide) __syncthreads(); else __syncwarp();
+    // The stage of tile i - 1 is free: refill it now, so the copies run under this tile's math.
+    load_tile(i + Cfg::kStages - 1, (i + Cfg::kStages - 1) % Cfg::kStages);
     const uint8_t* sk = ring + stage * Cfg::kStageBytes;
     const uint8_t* sv = sk + Cfg::kTileBytes;
-    const int key_lo = tr.at(t_begin + warp + Cfg::kWarps * i) * Cfg::kKeys;
+    const int key_lo = tr.at(tile_of0 + tile_step * i) * Cfg::kKeys;
 
     // S = Q K^T for 16 rows x kKeys keys.
     constexpr int kNT = Cfg::kNT;
@@ -411,18 +424,18 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
       }
     }
     }
-    __syncwarp();
-    load_tile(i + Cfg::kStages - 1, (i + Cfg::kStages - 1) % Cfg::kStages);
   }
   cp_async_wait<0>();
   __syncthreads();
 
-  // Merge the 4 warps' partial softmax states through shared memory.
+  // Merge the 4 warps' partial softmax states of the same 16 rows through shared memory (wide: the
+  // warps hold different rows, so this only gathers them: slab row 16 w + r is CTA row 16 w + r).
+  constexpr int kSum = kWide ? 1 : Cfg::kWarps;  // slabs summed per output row
   float* slab = reinterpret_cast<float*>(smem);  // [warp][row][D]
   float* sm_max = slab + Cfg::kWarps * 16 * D;   // [warp][row]
   float* sm_sum = sm_max + Cfg::kWarps * 16;
-  float* row_m = sm_sum + Cfg::kWarps * 16;  // [row]: merged max (raw units), merged sum
-  float* row_l = row_m + 16;
+  float* row_m = sm_sum + Cfg::kWarps * 16;  // [CTA row]: merged max (raw units), merged sum
+  float* row_l = row_m + Cfg::kRows;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = row_sum[r];
@@ -431,7 +444,9 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
     if (t4 == 0) sm_max[warp * 16 + g + 8 * r] = row_max[r], sm_sum[warp * 16 + g + 8 * r] = l;
   }
   __syncthreads();
-  if (threadIdx.x < 16) {
+  if (kWide && threadIdx.x < Cfg::kRows) {
+    row_m[threadIdx.x] = sm_max[threadIdx.x], row_l[threadIdx.x] = sm_sum[threadIdx.x];
+  } else if (!kWide && threadIdx.x < 16) {
     float mx = -INFINITY;
     for (int w = 0; w < Cfg::kWarps; ++w) mx = fmaxf(mx, sm_max[w * 16 + threadIdx.x]);
     float l = 0.0f;
@@ -445,7 +460,9 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
   for (int r = 0; r < 2; ++r) {
     const int row = g + 8 * r;
     float mx = -INFINITY;
-    for (int w = 0; w < Cfg::kWarps; ++w) mx = fmaxf(mx, sm_max[w * 16 + row]);
+    if (kWide) mx = row_max[r];
+    else
+      for (int w = 0; w < Cfg::kWarps; ++w) mx = fmaxf(mx, sm_max[w * 16 + row]);
     const float f = row_max[r] == -INFINITY ? 0.0f : fast_exp2((row_max[r] - mx) * p.scale_log2);
     float* dst = slab + (warp * 16 + row) * D;
 #pragma unroll
@@ -456,13 +473,13 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
   __syncthreads();
 
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
-  for (int idx = threadIdx.x; idx < 16 * D / 2; idx += Cfg::kThreads) {
+  for (int idx = threadIdx.x; idx < Cfg::kRows * D / 2; idx += Cfg::kThreads) {
     const int row = idx / (D / 2), d = 2 * (idx % (D / 2));
-    const int pr = rt * 16 + row;
+    const int pr = row0 + row;
     if (pr >= rows) continue;
     const int i = pr / p.group, h = hk * p.group + pr % p.group;
     float a = 0.0f, c = 0.0f;
-    for (int w = 0; w < Cfg::kWarps; ++w) a += slab[(w * 16 + row) * D + d], c += slab[(w * 16 + row) * D + d + 1];
+    for (int w = 0; w < kSum; ++w) a += slab[(w * 16 + row) * D + d], c += slab[(w * 16 + row) * D + d + 1];
     float l = row_l[row];
     float m2 = row_m[row] == -INFINITY ? -INFINITY : row_m[row] * p.scale_log2;  // log2 units
     if (p.num_splits == 1) {

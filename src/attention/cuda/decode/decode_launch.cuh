@@ -8,10 +8,10 @@
 
 namespace escala::attn::cuda {
 
-template <int D, class T, KvFormat F>
+template <int D, class T, KvFormat F, bool kWide>
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
-  using Cfg = DecodeCfg<D, T, F>;
-  auto kernel = decode_kernel<D, T, F>;
+  using Cfg = DecodeCfg<D, T, F, kWide>;
+  auto kernel = decode_kernel<D, T, F, kWide>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (attr != cudaSuccess) return attr;
@@ -27,10 +27,15 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
 }
 
 template <int D, class T, KvFormat F>
+cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  return p.rows_per_cta == 64 ? launch_decode<D, T, F, true>(p, stream) : launch_decode<D, T, F, false>(p, stream);
+}
+
+template <int D, class T, KvFormat F, bool kWide>
 int ctas_per_sm() {
-  using Cfg = DecodeCfg<D, T, F>;
+  using Cfg = DecodeCfg<D, T, F, kWide>;
   static const int n = [] {
-    auto kernel = decode_kernel<D, T, F>;
+    auto kernel = decode_kernel<D, T, F, kWide>;
     int blocks = 1;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Cfg::kThreads, Cfg::kSmemBytes) != cudaSuccess)
@@ -59,12 +64,12 @@ cudaError_t run_decode(const DecodeParams& p, bool bf16, KvFormat f, cudaStream_
 }
 
 // Occupancy depends on shared memory and registers, which the q dtype barely changes.
-template <int D>
+template <int D, bool kWide>
 int decode_ctas(KvFormat f) {
   switch (f) {
-    case KvFormat::kHalf: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kHalf>();
-    case KvFormat::kInt8: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kInt8>();
-    case KvFormat::kFp8: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kFp8>();
+    case KvFormat::kHalf: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kHalf, kWide>();
+    case KvFormat::kInt8: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kInt8, kWide>();
+    case KvFormat::kFp8: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kFp8, kWide>();
   }
   return 1;
 }
