@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One command on a CUDA (Hopper) machine: build the CUDA library and GPU tests, run the tests,
-# compute-sanitizer memcheck + racecheck on small shapes, then the prefill benchmark table.
+# compute-sanitizer memcheck + racecheck on small shapes, then the prefill and decode benchmark
+# tables.
 # Logs go to $OUT (default build-gpu/gpu_check, ignored by git).
 #   ESCALA_GPU_BIN=path   use an already built escala_gpu_tests instead of building (e.g. on a GPU
 #                         machine without the CPU library's dependencies: build it elsewhere; it
 #                         needs only libcudart.so.13 at run time)
-#   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   leave steps out
+#   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 SKIP_DECODE_BENCH=1   leave steps out
 #   BENCH_ARGS="--reps 30 --filter d128"           passed to bench/attention_prefill_bench.py
 #   GTEST_ARGS="--gtest_filter=..."                passed to the test run
 #   TEST_TIMEOUT / SANITIZER_TIMEOUT / BENCH_TIMEOUT  seconds per step (a hung kernel fails its step)
@@ -45,7 +46,7 @@ fi
 if [ -z "${SKIP_SANITIZER:-}" ]; then
   for tool in memcheck racecheck; do
     step "compute-sanitizer $tool"
-    timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$BIN" --gtest_filter='AttentionCudaSmall.*' >"$OUT/sanitizer_$tool.log" 2>&1
+    timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$BIN" --gtest_filter='AttentionCudaSmall.*:DecodeCudaSmall.*' >"$OUT/sanitizer_$tool.log" 2>&1
     rc=$?
     tail -4 "$OUT/sanitizer_$tool.log"
     echo "$tool rc=$rc"; [ $rc -eq 0 ] || status=1
@@ -60,6 +61,15 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   grep -E "BENCH|Error|error" "$OUT/bench_err.log" | head -40
   cat "$OUT/bench.log"
   echo "bench rc=$rc"; [ $rc -eq 0 ] || status=1
+fi
+if [ -z "${SKIP_DECODE_BENCH:-}" ]; then
+  step "decode benchmark"
+  PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-900}" python3 "$ROOT/bench/attention_decode_bench.py" --bin "$BIN" \
+    >"$OUT/decode_bench.log" 2>"$OUT/decode_bench_err.log"
+  rc=$?
+  grep -E "Error|error" "$OUT/decode_bench_err.log" | head -20
+  cat "$OUT/decode_bench.log"
+  echo "decode bench rc=$rc"; [ $rc -eq 0 ] || status=1
 fi
 step "done, status=$status"
 exit $status
