@@ -3,11 +3,17 @@
 #include <fmt/format.h>
 #include <pthread.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
+#include <vector>
 
 #include "commands.h"
 #include "escala/engine.h"
@@ -29,9 +35,50 @@ struct ServeFlags {
   int max_queue = 4096;
   int64_t max_body = 4 << 20;
   int http_threads = 0;
+  std::string omp_spin = "3000";
 };
 
+// OpenMP threads that wait spin first (libgomp: ~300k pause loops, milliseconds) before they
+// sleep. A forward pass opens some 300 parallel regions; on a machine whose cores are shared with
+// other work, a thread spinning at a region's end holds a core that its partner needs, and each
+// region can cost a time slice: the single stream measured 5-10 tokens/s instead of 50-90 on the
+// shared 2-core machine (docs/PERFORMANCE.md, Serving). The wait policy is read once, when the
+// OpenMP runtime loads, so `escala serve` sets a short spin and starts itself again, unless the
+// user chose a policy (OMP_WAIT_POLICY, GOMP_SPINCOUNT) or --omp-spin keep. Returns only if it did
+// not re-execute.
+void reexec_with_short_omp_spin(const std::string& spin) {
+  if (spin == "keep" || std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT") ||
+      std::getenv("ESCALA_SERVE_REEXEC"))
+    return;
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (!f.good() && !f.eof()) return;
+  std::vector<std::string> args;
+  for (size_t at = 0; at < all.size();) {
+    const size_t end = all.find('\0', at);
+    args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  if (args.empty()) return;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  if (spin == "passive") setenv("OMP_WAIT_POLICY", "passive", 1);
+  else setenv("GOMP_SPINCOUNT", spin.c_str(), 1);
+  setenv("ESCALA_SERVE_REEXEC", "1", 1);
+  std::fflush(nullptr);
+  execv("/proc/self/exe", argv.data());
+  // Could not: serve with the runtime's defaults.
+  unsetenv("OMP_WAIT_POLICY");
+  unsetenv("GOMP_SPINCOUNT");
+}
+
 Status run_serve(const ServeFlags& f) {
+  if (f.omp_spin != "keep" && f.omp_spin != "passive" &&
+      f.omp_spin.find_first_not_of("0123456789") != std::string::npos)
+    return Status::error(fmt::format("--omp-spin must be a spin count, passive or keep (got '{}')", f.omp_spin));
+  reexec_with_short_omp_spin(f.omp_spin);
   if (!f.model.streaming.empty()) return Status::error("serve: --streaming is not supported (it disables prefix caching)");
   // Signals go to one thread that waits for them; block them before any other thread exists.
   sigset_t sigs;
@@ -132,6 +179,9 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(int64_t(1024), int64_t(1) << 30));
   cmd->add_option("--http-threads", flags.http_threads, "HTTP worker threads (default 4 x max batch + 16)")
       ->check(CLI::Range(0, 4096));
+  cmd->add_option("--omp-spin", flags.omp_spin,
+                  "OpenMP wait before a thread sleeps: a spin count (GOMP_SPINCOUNT), passive, or keep the "
+                  "runtime's default (default 3000; ignored when OMP_WAIT_POLICY or GOMP_SPINCOUNT is set)");
   cmd->callback([&exit_code] {
     Status st = run_serve(flags);
     if (!st.ok()) {
