@@ -1,6 +1,6 @@
 // Decode benchmark mode of the GPU test binary:
 //   escala_gpu_tests --bench-decode [--reps N] SPEC...   SPEC = name,B=..,T=..,h=..,hk=..,d=..
-//       [,kv=bf16|f16|i8|fp8][,page=16][,q=1][,splits=0][,prefix=N]
+//       [,kv=bf16|f16|i8|fp8][,page=16][,hnd=1][,q=1][,splits=0][,prefix=N]
 //   (prefix=N: B sequences share an N-token prefix and own T tokens: plain decode vs cascade)
 //   escala_gpu_tests --bench-read [--reps N] [--mb 4096]   the device's read ceiling
 // Inputs are filled on the device with hashed uniform values (never zeros); pages are a random
@@ -75,7 +75,7 @@ __global__ void read_kernel(const uint4* p, size_t n, uint32_t* out) {
 
 struct Spec {
   std::string name;
-  int B = 1, T = 1024, h = 32, hk = 8, d = 128, page = 0, q = 1, splits = 0, prefix = 0;
+  int B = 1, T = 1024, h = 32, hk = 8, d = 128, page = 0, q = 1, splits = 0, prefix = 0, hnd = 0;
   DType kv = DType::kBF16;
 };
 
@@ -109,25 +109,28 @@ bool parse(const std::string& text, Spec& s) {
     else if (k == "q") s.q = x;
     else if (k == "splits") s.splits = x;
     else if (k == "prefix") s.prefix = x;
+    else if (k == "hnd") s.hnd = x;
     else return false;
   }
   return !first && s.B > 0 && s.T > 0 && s.h > 0 && s.hk > 0 && s.d > 0 && s.q > 0;
 }
 
+// Median over `reps` samples of the time per call, each sample timing `inner` back-to-back calls
+// (so that host-side launch work overlaps the GPU instead of being counted for short kernels).
 template <class F>
-double median_ms(F&& launch, int reps) {
+double median_ms(F&& launch, int reps, int inner = 10) {
   cudaEvent_t e0, e1;
   GPU_CHECK(cudaEventCreate(&e0));
   GPU_CHECK(cudaEventCreate(&e1));
   std::vector<float> ms;
   for (int r = 0; r < reps + 3; ++r) {
     GPU_CHECK(cudaEventRecord(e0));
-    launch();
+    for (int k = 0; k < inner; ++k) launch();
     GPU_CHECK(cudaEventRecord(e1));
     GPU_CHECK(cudaEventSynchronize(e1));
     float t = 0;
     GPU_CHECK(cudaEventElapsedTime(&t, e0, e1));
-    if (r >= 3) ms.push_back(t);
+    if (r >= 3) ms.push_back(t / inner);
   }
   GPU_CHECK(cudaEventDestroy(e0));
   GPU_CHECK(cudaEventDestroy(e1));
@@ -280,6 +283,10 @@ int run_decode_bench(int argc, char** argv) {
     if (page) {
       p.page_size = page, p.page_indptr = dindptr.get<int32_t>(), p.page_indices = dindices.get<int32_t>();
       p.k_page_stride = p.v_page_stride = int64_t(page) * s.hk * s.d;
+      if (s.hnd) {  // head-major pages [pages, h_kv, page, d]: a head's rows of a page are contiguous
+        p.k_row_stride = p.v_row_stride = s.d;
+        p.k_head_stride = p.v_head_stride = int64_t(page) * s.d;
+      }
     }
     p.k_scale = quant ? dks.get<float>() : nullptr, p.v_scale = quant ? dvs.get<float>() : nullptr;
     attn::CudaOptions opt;

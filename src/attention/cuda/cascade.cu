@@ -55,6 +55,11 @@ __global__ void merge_two_kernel(const T* oa, const float* la, const T* ob, cons
   if (lane == 0 && lse) lse[w] = l > 0.0f ? mx + __logf(l) : -INFINITY;
 }
 
+// cu_seqlens_q {0, total_q}, cu_seqlens_k {0, kv_len}, page_indptr {0, pages} of the prefix call.
+__global__ void write_indices(int32_t* idx, int32_t total_q, int32_t kv_len, int32_t pages) {
+  idx[0] = 0, idx[1] = total_q, idx[2] = 0, idx[3] = kv_len, idx[4] = 0, idx[5] = pages;
+}
+
 // Scratch for the two partial results and the prefix call's little index arrays (grown, kept).
 Result<uint8_t*> scratch(size_t bytes) {
   static std::mutex mu;
@@ -95,12 +100,11 @@ Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& pre
   auto* l_own = reinterpret_cast<float*>(base + 2 * o_bytes + l_bytes);
   auto* idx = reinterpret_cast<int32_t*>(base + 2 * o_bytes + 2 * l_bytes);
   const int32_t pages = (prefix.kv_len + p.page_size - 1) / p.page_size;
-  static thread_local int32_t host_idx[6];
-  host_idx[0] = 0, host_idx[1] = static_cast<int32_t>(total_q);  // cu_seqlens_q: all queries, one sequence
-  host_idx[2] = 0, host_idx[3] = prefix.kv_len;                    // cu_seqlens_k
-  host_idx[4] = 0, host_idx[5] = pages;                            // page_indptr
-  cudaError_t e = cudaMemcpyAsync(idx, host_idx, sizeof(host_idx), cudaMemcpyHostToDevice, stream);
-  if (e != cudaSuccess) return fail(std::string("uploading indices: ") + cudaGetErrorString(e));
+  // The prefix call's index arrays, written by a one-thread kernel (a host copy would synchronise).
+  int32_t host_idx[6] = {0, static_cast<int32_t>(total_q), 0, prefix.kv_len, 0, pages};
+  write_indices<<<1, 1, 0, stream>>>(idx, host_idx[1], host_idx[3], host_idx[5]);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return fail(std::string("index kernel: ") + cudaGetErrorString(e));
 
   // The shared prefix: every query sees all of it (it precedes every sequence's own tokens).
   AttentionParams pre = p;
