@@ -156,35 +156,41 @@ HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* con
   }
 }
 
-// o[r] = o[r] * alpha[r] + sum_j w[j * NR + r] v[j] for NR rows (stride dvp); NV accumulators per row.
+// o[r][c0, c0 + NV L) = o * alpha[r] + sum_j w[j * NR + r] v[j][c0, c0 + NV L) for NR rows (stride
+// dvp); NR x NV accumulators in registers.
+template <DType T, int NR, int NV>
+HWY_ATTR HWY_INLINE void pv_chunk(const float* HWY_RESTRICT w, const uint8_t* const* vp, const float* alpha, int nk,
+                                  size_t dvp, size_t c0, float* HWY_RESTRICT o, const uint8_t* const* pv) {
+  const DF df;
+  VF acc[NR][NV];
+  for (int r = 0; r < NR; ++r) {
+    const VF al = hn::Set(df, alpha[r]);
+    for (int v = 0; v < NV; ++v) acc[r][v] = hn::Mul(hn::Load(df, o + r * dvp + c0 + v * kLanes), al);
+  }
+  for (int j = 0; j < nk; ++j, w += NR) {
+    VF wr[NR];
+    for (int r = 0; r < NR; ++r) wr[r] = hn::Set(df, w[r]);
+    const uint8_t* vr = vp[j];
+    for (int v = 0; v < NV; ++v) {
+      const size_t c = c0 + v * kLanes;
+      if (pv && (c * kElemBytes<T>) % 64 == 0) request(pv[j] + c * kElemBytes<T>);
+      const VF x = load_lanes<T>(df, vr, c);
+      for (int r = 0; r < NR; ++r) acc[r][v] = hn::MulAdd(wr[r], x, acc[r][v]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int v = 0; v < NV; ++v) hn::Store(acc[r][v], df, o + r * dvp + c0 + v * kLanes);
+}
+
+// o[r] = o[r] * alpha[r] + sum_j w[j * NR + r] v[j] for NR rows (stride dvp): chunks of NV vectors
+// (as many accumulators as the registers hold), the rest one vector at a time.
 template <DType T, int NR>
 HWY_ATTR void pv_pass(const float* HWY_RESTRICT w, const uint8_t* const* vp, const float* alpha, int nk, size_t dvp,
                       float* HWY_RESTRICT o, const uint8_t* const* pv) {
-  const DF df;
   constexpr int NV = std::max(1, (kLanes >= 16 ? 16 : 8) / NR);
-  for (size_t c0 = 0; c0 < dvp; c0 += NV * kLanes) {
-    const int nv = int(std::min<size_t>(NV, (dvp - c0) / kLanes));
-    VF acc[NR][NV];
-    for (int r = 0; r < NR; ++r) {
-      const VF al = hn::Set(df, alpha[r]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = v < nv ? hn::Mul(hn::Load(df, o + r * dvp + c0 + v * kLanes), al) : al;
-    }
-    for (int j = 0; j < nk; ++j) {
-      VF wr[NR];
-      for (int r = 0; r < NR; ++r) wr[r] = hn::Set(df, w[j * NR + r]);
-      const uint8_t* vr = vp[j];
-      for (int v = 0; v < NV; ++v)
-        if (v < nv) {
-          const size_t c = c0 + v * kLanes;
-          if (pv && (c * kElemBytes<T>) % 64 == 0) request(pv[j] + c * kElemBytes<T>);
-          const VF x = load_lanes<T>(df, vr, c);
-          for (int r = 0; r < NR; ++r) acc[r][v] = hn::MulAdd(wr[r], x, acc[r][v]);
-        }
-    }
-    for (int r = 0; r < NR; ++r)
-      for (int v = 0; v < NV; ++v)
-        if (v < nv) hn::Store(acc[r][v], df, o + r * dvp + c0 + v * kLanes);
-  }
+  size_t c0 = 0;
+  for (; c0 + NV * kLanes <= dvp; c0 += NV * kLanes) pv_chunk<T, NR, NV>(w, vp, alpha, nk, dvp, c0, o, pv);
+  for (; c0 < dvp; c0 += kLanes) pv_chunk<T, NR, 1>(w, vp, alpha, nk, dvp, c0, o, pv);
 }
 
 // All rows of one kv head (rows a multiple of NR) against one block of keys; the first pass
