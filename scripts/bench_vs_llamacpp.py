@@ -4,8 +4,8 @@
 For each context length T (default 128, 1024, 4096) the prompt is exactly T tokens (the start of
 the repository's own documentation, tokenized once by llama.cpp and given to both runtimes as ids),
 then -n tokens are generated greedily. Same GGUF, same thread count, f16 KV cache on both sides.
-Escala runs as `escala generate --prompt-ids ... --json` (a fresh process per run, so its peak
-resident memory is measured by wait4); llama.cpp runs in this process through llama-cpp-python.
+Escala runs as `escala generate --prompt-ids ... --json` (a fresh process per run, which reports
+its own peak resident memory, VmHWM); llama.cpp runs in this process through llama-cpp-python.
 
 Speeds: prompt tokens/s = T / prefill time; generation tokens/s = decode steps / decode time, where
 the first generated token comes from the prompt's logits, so N generated tokens are N - 1 decode
@@ -43,35 +43,15 @@ def corpus_text(root: Path) -> str:
     return "\n\n".join(parts)
 
 
-def spawn_escala(args, ids, n_gen, ctx):
-    """Runs Escala and returns (json, peak RSS bytes); the child is reaped with wait4 for its rusage."""
+def run_escala(args, ids, n_gen, ctx):
+    """Runs Escala; returns its JSON (timings, tokens, peak_rss_bytes: its own VmHWM)."""
     cmd = [args.escala, "generate", "--model", args.model, "--prompt-ids", ",".join(map(str, ids)),
            "-n", str(n_gen), "--temp", "0", "--json", "--threads", str(args.threads), "--kv-type", args.kv_type,
            "--context", str(ctx)]
-    out_r, out_w = os.pipe()
-    err_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_escala_{os.getpid()}.err"
-    with open(err_path, "wb") as err_f:
-        pid = os.fork()
-        if pid == 0:  # child
-            try:
-                os.close(out_r)
-                os.dup2(out_w, 1)
-                os.dup2(err_f.fileno(), 2)
-                os.execv(cmd[0], cmd)
-            finally:
-                os._exit(127)
-    os.close(out_w)
-    chunks = []
-    with os.fdopen(out_r, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 16), b""):
-            chunks.append(chunk)
-    _, status, ru = os.wait4(pid, 0)
-    rc = os.waitstatus_to_exitcode(status)
-    err = err_path.read_text(errors="replace")
-    err_path.unlink(missing_ok=True)
-    if rc != 0:
-        raise RuntimeError(f"escala exited with {rc}: {err.strip()}")
-    return json.loads(b"".join(chunks)), ru.ru_maxrss * 1024  # ru_maxrss is in KiB on Linux
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"escala exited with {out.returncode}: {out.stderr.strip()}")
+    return json.loads(out.stdout)
 
 
 def run_llamacpp(llm, ids, n_gen):
@@ -161,8 +141,8 @@ def main() -> int:
         n_gen = args.n
         agree = None
         for _ in range(args.repeats):
-            j, r = spawn_escala(args, ids, args.n, ctx)
-            rss = max(rss, r)
+            j = run_escala(args, ids, args.n, ctx)
+            rss = max(rss, j["peak_rss_bytes"])
             n_gen = len(j["tokens"]) + (1 if j["finish_reason"] == "stop" else 0)  # the EOG token was sampled too
             e_steps = max(1, len(j["tokens"]) - 1)
             e = (T / j["prompt_seconds"], e_steps / j["generation_seconds"])

@@ -41,6 +41,19 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s) {
   return ids;
 }
 
+// Peak resident set of this process (VmHWM), in bytes; -1 where /proc is not available. Read here
+// rather than by the parent's wait4: a child's ru_maxrss also counts the image it was forked from.
+int64_t peak_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  int64_t kb = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %lld kB", reinterpret_cast<long long*>(&kb)) == 1) break;
+  std::fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
 Status run_generate(const GenerateFlags& f) {
   if (f.prompt.empty() == f.prompt_ids.empty()) return Status::error("give exactly one of --prompt and --prompt-ids");
   if (!f.prompt_ids.empty() && f.chat) return Status::error("--chat needs --prompt (text), not --prompt-ids");
@@ -101,6 +114,7 @@ Status run_generate(const GenerateFlags& f) {
     j["prompt_seconds"] = res->prompt_seconds;
     j["generation_seconds"] = res->generation_seconds;
     j["kv_bytes_in_use"] = st.bytes_in_use;
+    j["peak_rss_bytes"] = peak_rss_bytes();
     std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return {};
   }
