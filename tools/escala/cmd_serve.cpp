@@ -67,8 +67,11 @@ void reexec_with_short_omp_spin(const std::string& spin) {
   if (spin == "passive") setenv("OMP_WAIT_POLICY", "passive", 1);
   else setenv("GOMP_SPINCOUNT", spin.c_str(), 1);
   setenv("ESCALA_SERVE_REEXEC", "1", 1);
+  // The binary's own path, so that the process keeps its name (ps, top, pgrep).
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   std::fflush(nullptr);
-  execv("/proc/self/exe", argv.data());
+  execv(ec || self.empty() ? "/proc/self/exe" : self.c_str(), argv.data());
   // Could not: serve with the runtime's defaults.
   unsetenv("OMP_WAIT_POLICY");
   unsetenv("GOMP_SPINCOUNT");
