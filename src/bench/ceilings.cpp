@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench/ceilings.h"
+#include "bench/timing.h"
 #include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
 
@@ -18,12 +19,13 @@ namespace escala::bench::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // 12 independent FMA chains: enough to cover FMA latency x ports on current x86 cores.
-HWY_ATTR double FmaPeakImpl(int threads, double seconds) {
+HWY_ATTR Rate FmaPeakImpl(int threads, double seconds) {
   const hn::ScalableTag<float> df;
   const double lanes = double(hn::Lanes(df));
   constexpr int kIters = 1 << 20;
   double total_flops = 0;
   const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = process_cpu_seconds();
   double elapsed = 0;
   int rounds = 0;
   float sink = 0;
@@ -48,10 +50,11 @@ HWY_ATTR double FmaPeakImpl(int threads, double seconds) {
     ++rounds;
   }
   if (sink == 12345.0f) total_flops += 1;  // keeps the loop alive
-  return total_flops / elapsed * 1e-9;
+  const double cpu = (process_cpu_seconds() - c0) / threads;
+  return {total_flops / elapsed * 1e-9, total_flops / cpu * 1e-9};
 }
 
-HWY_ATTR double ReadBandwidthImpl(int threads, size_t bytes, int repeats) {
+HWY_ATTR Rate ReadBandwidthImpl(int threads, size_t bytes, int repeats) {
   const hn::ScalableTag<float> df;
   const size_t L = hn::Lanes(df);
   const size_t n = bytes / sizeof(float) / (4 * L) * (4 * L);
@@ -59,10 +62,11 @@ HWY_ATTR double ReadBandwidthImpl(int threads, size_t bytes, int repeats) {
   // First touch by the threads that read it later.
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (size_t i = 0; i < n; ++i) buf[i] = float(i & 1023) * 1e-3f;
-  std::vector<double> times;
+  std::vector<double> times, cpu_times;
   float sink = 0;
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = process_cpu_seconds();
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
     {
       auto s0 = hn::Zero(df), s1 = s0, s2 = s0, s3 = s0;
@@ -76,10 +80,13 @@ HWY_ATTR double ReadBandwidthImpl(int threads, size_t bytes, int repeats) {
       sink += hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(s0, s1), hn::Add(s2, s3))));
     }
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    cpu_times.push_back((process_cpu_seconds() - c0) / threads);
   }
   if (sink == 12345.0f) times.push_back(1);
   std::sort(times.begin(), times.end());
-  return double(n * sizeof(float)) / times[times.size() / 2] * 1e-9;
+  std::sort(cpu_times.begin(), cpu_times.end());
+  const double gb = double(n * sizeof(float)) * 1e-9;
+  return {gb / times[times.size() / 2], gb / cpu_times[cpu_times.size() / 2]};
 }
 
 }  // namespace escala::bench::HWY_NAMESPACE
@@ -89,8 +96,8 @@ HWY_AFTER_NAMESPACE();
 namespace escala::bench {
 HWY_EXPORT(FmaPeakImpl);
 HWY_EXPORT(ReadBandwidthImpl);
-double measure_fma_peak_gflops(int threads, double seconds) { return HWY_DYNAMIC_DISPATCH(FmaPeakImpl)(threads, seconds); }
-double measure_read_bandwidth_gbs(int threads, size_t bytes, int repeats) {
+Rate measure_fma_peak(int threads, double seconds) { return HWY_DYNAMIC_DISPATCH(FmaPeakImpl)(threads, seconds); }
+Rate measure_read_bandwidth(int threads, size_t bytes, int repeats) {
   return HWY_DYNAMIC_DISPATCH(ReadBandwidthImpl)(threads, bytes, repeats);
 }
 }  // namespace escala::bench

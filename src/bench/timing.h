@@ -2,6 +2,8 @@
 #pragma once
 
 #include <algorithm>
+#include <time.h>
+
 #include <chrono>
 #include <functional>
 #include <vector>
@@ -19,6 +21,35 @@ inline double median_seconds(int runs, const std::function<void()>& fn) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// CPU time of the whole process (every thread), seconds.
+inline double process_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Median wall time and median CPU time per thread (process CPU time / threads) of `runs` calls,
+// after one warm-up call. On a shared machine the wall time also counts the time slices other
+// processes got; the CPU time per thread counts only the time this benchmark's threads ran (spin
+// waits included), so rates computed from it are comparable between a busy and a quiet moment.
+struct Times {
+  double wall, cpu;
+};
+inline Times median_times(int runs, int threads, const std::function<void()>& fn) {
+  fn();
+  std::vector<double> w, c;
+  for (int i = 0; i < runs; ++i) {
+    const double c0 = process_cpu_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    w.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    c.push_back((process_cpu_seconds() - c0) / threads);
+  }
+  std::sort(w.begin(), w.end());
+  std::sort(c.begin(), c.end());
+  return {w[w.size() / 2], c[c.size() / 2]};
 }
 
 }  // namespace escala::bench

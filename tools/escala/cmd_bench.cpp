@@ -92,6 +92,7 @@ struct Inputs {
 };
 
 using bench::median_seconds;
+using bench::median_times;
 
 // FLOPs of the visible scores: 2*d for QK and 2*d for PV per visible (query, key) pair.
 double prefill_flops(const Problem& p) {
@@ -110,9 +111,14 @@ double decode_bytes(const Problem& p) {
 int run_bench(bool quick, int threads_opt) {
   const int threads = threads_opt > 0 ? threads_opt : omp_get_max_threads();
   std::mt19937 rng(std::random_device{}());
-  const double peak = bench::measure_fma_peak_gflops(threads, quick ? 0.2 : 1.0);
-  const double bw = bench::measure_read_bandwidth_gbs(threads, quick ? (size_t(256) << 20) : (size_t(1) << 30));
-  std::printf("machine ceilings (%d threads): FMA peak %.1f GFLOP/s, read bandwidth %.2f GB/s\n\n", threads, peak, bw);
+  const bench::Rate peak = bench::measure_fma_peak(threads, quick ? 0.2 : 1.0);
+  const bench::Rate bw = bench::measure_read_bandwidth(threads, quick ? (size_t(256) << 20) : (size_t(1) << 30));
+  std::printf("machine ceilings (%d threads): FMA peak %.1f GFLOP/s, read bandwidth %.2f GB/s\n", threads, peak.wall,
+              bw.wall);
+  std::printf("  per CPU second of each thread: FMA peak %.1f GFLOP/s, read bandwidth %.2f GB/s\n", peak.cpu, bw.cpu);
+  std::printf("  (wall and CPU clocks agree on an idle machine; on a shared one the wall figures also count other\n"
+              "   processes' time slices, the CPU ones still count spin waits at barriers: compare a kernel with\n"
+              "   the ceilings of the same clock, and trust a quiet run)\n\n");
   attn::CpuOptions opt;
   opt.num_threads = threads;
 
@@ -122,8 +128,8 @@ int run_bench(bool quick, int threads_opt) {
   Inputs pin(pf, rng);
   opt.impl = attn::Impl::kFlash;
   auto pp = pin.params();
-  const double t_flash = median_seconds(quick ? 3 : 5, [&] { (void)attn::attention(pp, opt); });
-  const double gflops = prefill_flops(pf) / t_flash * 1e-9;
+  const bench::Times t_flash = median_times(quick ? 3 : 5, threads, [&] { (void)attn::attention(pp, opt); });
+  const double gflops = prefill_flops(pf) / t_flash.wall * 1e-9, gflops_cpu = prefill_flops(pf) / t_flash.cpu * 1e-9;
   // The reference is single-threaded and slow: time it on 1 head and scale by the head count.
   Problem pr1 = pf;
   pr1.h = pr1.h_kv = 1;
@@ -132,8 +138,10 @@ int run_bench(bool quick, int threads_opt) {
   attn::CpuOptions ropt = opt;
   ropt.impl = attn::Impl::kReference;
   const double t_ref = median_seconds(1, [&] { (void)attn::attention(rp, ropt); }) * pf.h;
-  std::printf("prefill  T=%d d=128 h=8 causal bf16: %8.2f ms  %7.1f GFLOP/s  %5.1f%% of FMA peak  %6.1fx reference\n",
-              T, t_flash * 1e3, gflops, 100 * gflops / peak, t_ref / t_flash);
+  std::printf("prefill  T=%d d=128 h=8 causal bf16: %8.2f ms  %7.1f GFLOP/s  %5.1f%% of FMA peak  %6.1fx reference"
+              "  | CPU clock: %7.1f GFLOP/s %5.1f%%\n",
+              T, t_flash.wall * 1e3, gflops, 100 * gflops / peak.wall, t_ref / t_flash.wall, gflops_cpu,
+              100 * gflops_cpu / peak.cpu);
 
   // Decode: GQA 32/8, d 128, one query, contiguous bf16 / paged bf16 / paged int8 / paged fp8.
   const int TK = quick ? 8192 : 32768;
@@ -142,20 +150,23 @@ int run_bench(bool quick, int threads_opt) {
                               {"paged(16) bf16", DType::kBF16, 16},
                               {"paged(16) int8", DType::kI8, 16},
                               {"paged(16) fp8", DType::kFp8E4M3, 16}};
-  double t_base = 0, t_paged = 0;
+  bench::Times t_base{}, t_paged{};
   for (const auto& var : variants) {
     Problem pd{.h = 32, .h_kv = 8, .d = 128, .q_len = 1, .kv_len = TK, .kv_dtype = var.kv, .page_size = var.page};
     Inputs din(pd, rng);
     auto dp = din.params();
     opt.impl = attn::Impl::kDecode;
-    const double t = median_seconds(quick ? 5 : 15, [&] { (void)attn::attention(dp, opt); });
-    const double gbs = decode_bytes(pd) / t * 1e-9;
+    const bench::Times t = median_times(quick ? 5 : 15, threads, [&] { (void)attn::attention(dp, opt); });
+    const double gbs = decode_bytes(pd) / t.wall * 1e-9, gbs_cpu = decode_bytes(pd) / t.cpu * 1e-9;
     if (var.page == 0) t_base = t;
     if (var.page > 0 && var.kv == DType::kBF16) t_paged = t;
-    std::printf("decode   T=%d GQA 32/8 d=128 %-16s %8.3f ms  %7.2f GB/s  %5.1f%% of read bandwidth  %5.2fx contiguous bf16 speed\n",
-                TK, var.name, t * 1e3, gbs, 100 * gbs / bw, t_base / t);
+    std::printf("decode   T=%d GQA 32/8 d=128 %-16s %8.3f ms  %7.2f GB/s  %5.1f%% of read bandwidth  %5.2fx contiguous "
+                "bf16 speed  | CPU clock: %7.2f GB/s %5.1f%% %5.2fx\n",
+                TK, var.name, t.wall * 1e3, gbs, 100 * gbs / bw.wall, t_base.wall / t.wall, gbs_cpu,
+                100 * gbs_cpu / bw.cpu, t_base.cpu / t.cpu);
   }
-  std::printf("\npaged/contiguous decode time: %.3f\n", t_paged / t_base);
+  std::printf("\npaged/contiguous decode time: %.3f (CPU clock %.3f)\n", t_paged.wall / t_base.wall,
+              t_paged.cpu / t_base.cpu);
   return 0;
 }
 
