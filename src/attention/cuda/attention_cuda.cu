@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "attention/cuda/decode/decode.h"
@@ -120,8 +122,44 @@ Result<void*> cached_workspace(size_t bytes) {
   return buf;
 }
 
+bool is_hopper() {
+  static const bool h = [] {
+    int dev = 0, major = 0, minor = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+           minor == 0;
+  }();
+  return h;
+}
+
+// Tensor maps for the decode kernel's TMA path, cached by everything they encode (a stale entry
+// for a freed and reused address is still the right map for the same shape).
+bool kv_maps(const AttentionParams& p, int64_t rows, cuda::KvMaps& out) {
+  using Key = std::tuple<const void*, const void*, int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t>;
+  static std::mutex mu;
+  static std::map<Key, cuda::KvMaps> cache;
+  const int eb = static_cast<int>(dtype_size(p.kv_dtype));
+  const Key key{p.k, p.v, eb, p.head_dim, p.num_kv_heads, rows, p.k_head_stride, p.k_row_stride, p.v_head_stride,
+                p.v_row_stride};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    cuda::KvMaps m{};
+    if (cuda::make_kv_box_map(&m.k, p.k, eb, p.head_dim, p.num_kv_heads, rows, p.k_head_stride, p.k_row_stride, 16) !=
+            cudaSuccess ||
+        cuda::make_kv_box_map(&m.v, p.v, eb, p.head_dim, p.num_kv_heads, rows, p.v_head_stride, p.v_row_stride, 16) !=
+            cudaSuccess)
+      return false;
+    if (cache.size() > 4096) cache.clear();
+    it = cache.emplace(key, m).first;
+  }
+  out = it->second;
+  return true;
+}
+
 Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_q_len, int max_kv_len,
-                  cudaStream_t stream) {
+                  int64_t total_kv, cudaStream_t stream) {
   ESCALA_RETURN_IF_ERROR(check_decode(p));
   cuda::DecodeParams k;
   k.q = p.q, k.k = p.k, k.v = p.v, k.o = p.o, k.lse = p.lse, k.sink_logits = p.sink_logits;
@@ -161,11 +199,21 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
   }
   const bool bf16 = p.q_dtype == DType::kBF16;
   const cuda::KvFormat f = kv_format(p.kv_dtype);
+  // TMA boxes of 16 rows of one head: Hopper, 128-byte rows, the per-warp form, and rows that a
+  // 2-D view {row, element} covers: pages of a multiple of 16 tokens stacked row after row, or a
+  // contiguous buffer of known length.
+  cuda::KvMaps maps{};
+  const int64_t eb = int64_t(dtype_size(p.kv_dtype));
+  const bool paged_rows = p.page_size > 0 && p.page_size % 16 == 0 && p.k_page_stride == p.page_size * p.k_row_stride &&
+                          p.v_page_stride == p.page_size * p.v_row_stride;
+  const int64_t view_rows = p.page_size > 0 ? (paged_rows ? int64_t(INT32_MAX) : 0) : total_kv;
+  if (is_hopper() && p.head_dim * eb == 128 && k.rows_per_cta == 16 && view_rows > 0 && kv_maps(p, view_rows, maps))
+    k.use_tma = 1;
   cudaError_t e = cudaSuccess;
   switch (p.head_dim) {
-    case 64: e = cuda::run_decode_hd64(k, bf16, f, stream); break;
-    case 128: e = cuda::run_decode_hd128(k, bf16, f, stream); break;
-    default: e = cuda::run_decode_hd256(k, bf16, f, stream); break;
+    case 64: e = cuda::run_decode_hd64(k, maps, bf16, f, stream); break;
+    case 128: e = cuda::run_decode_hd128(k, maps, bf16, f, stream); break;
+    default: e = cuda::run_decode_hd256(k, maps, bf16, f, stream); break;
   }
   if (e != cudaSuccess) return cuda_error("decode kernel launch", e);
   return {};
@@ -253,7 +301,10 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
   const bool needs_decode = p.page_size != 0 || p.kv_dtype != p.q_dtype;
   const bool short_runs = max_q_len <= 16 && arch == KernelArch::kAuto && options.impl == Impl::kAuto;
   const bool decode = options.impl == Impl::kDecode || needs_decode || short_runs;
-  if (decode) return run_decode(p, options, max_q_len, max_kv_len, stream);
+  // Without host lengths (bounds only) the contiguous total is unknown: 0 turns the TMA path off.
+  const int64_t known_total_kv = options.host_cu_seqlens_k ? int64_t(options.host_cu_seqlens_k[p.batch])
+                                                           : (bounds_given ? 0 : total_kv);
+  if (decode) return run_decode(p, options, max_q_len, max_kv_len, known_total_kv, stream);
   ESCALA_RETURN_IF_ERROR(check_prefill(p));
 
   // Pick the prefill kernel: the sm_90a one needs a Hopper device.

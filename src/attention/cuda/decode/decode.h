@@ -2,6 +2,7 @@
 // instantiations compile in parallel), and the split-count / workspace helpers.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "attention/cuda/decode/decode_params.h"
@@ -10,9 +11,18 @@ namespace escala::attn::cuda {
 
 // Launches the decode kernel (grid num_splits x (kv heads * row tiles) x batch) and, when
 // num_splits > 1, the merge kernel. `bf16`: q/o dtype (else f16). Returns the launch error.
-cudaError_t run_decode_hd64(const DecodeParams& p, bool bf16, KvFormat f, cudaStream_t stream);
-cudaError_t run_decode_hd128(const DecodeParams& p, bool bf16, KvFormat f, cudaStream_t stream);
-cudaError_t run_decode_hd256(const DecodeParams& p, bool bf16, KvFormat f, cudaStream_t stream);
+// `maps`: the K and V tensor maps when p.use_tma (else unused).
+struct KvMaps {
+  CUtensorMap k, v;
+};
+cudaError_t run_decode_hd64(const DecodeParams& p, const KvMaps& maps, bool bf16, KvFormat f, cudaStream_t stream);
+cudaError_t run_decode_hd128(const DecodeParams& p, const KvMaps& maps, bool bf16, KvFormat f, cudaStream_t stream);
+cudaError_t run_decode_hd256(const DecodeParams& p, const KvMaps& maps, bool bf16, KvFormat f, cudaStream_t stream);
+
+// A 3-D map {d, kv head, row} over K or V with boxes of d x 1 x box_rows, 128-byte swizzle
+// (sm90/tensor_map.cu). cudaErrorNotSupported without the driver's encoder.
+cudaError_t make_kv_box_map(CUtensorMap* map, const void* base, int elem_bytes, int d, int heads, int64_t rows,
+                            int64_t head_stride, int64_t row_stride, int box_rows);
 
 // CTAs of the decode kernel that fit on one SM at once (for the split heuristic).
 int decode_ctas_per_sm_hd64(KvFormat f, bool wide);

@@ -3,8 +3,8 @@
 
 namespace escala::attn::cuda {
 
-cudaError_t run_decode_hd128(const DecodeParams& p, bool bf16, KvFormat f, cudaStream_t stream) {
-  return run_decode<128>(p, bf16, f, stream);
+cudaError_t run_decode_hd128(const DecodeParams& p, const KvMaps& maps, bool bf16, KvFormat f, cudaStream_t stream) {
+  return run_decode<128>(p, maps, bf16, f, stream);
 }
 
 int decode_ctas_per_sm_hd128(KvFormat f, bool wide) {

@@ -15,6 +15,7 @@
 // d = 4 (k % 8 / 2) + 2 (k / 8) + k % 2, and O column n of n-tile j is d = 32 (j / 4) + 4 n + j % 4.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -43,24 +44,33 @@ struct DecodeCfg {
   static constexpr int kKeys = kRowBytes <= 128 ? 32 : 16;
   static constexpr int kNT = kKeys / 8;  // score n-tiles per warp tile
   static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per row
-  // Rows padded by 16 bytes: consecutive rows start 4 banks apart, so ldmatrix and the 32-bit
-  // loads of 8-bit rows are conflict-free, and a row stays one contiguous bulk copy.
-  static constexpr int kRowPitch = kRowBytes + 16;
+  // 128-byte rows (d = 64 at 16 bits, d = 128 at 8 bits) of the per-warp form are stored dense
+  // with the 16-byte chunks of row r XOR-swizzled by r % 8, the layout of TMA's 128-byte swizzle,
+  // so that on Hopper a whole (page, head) box of 16 rows is one TMA copy. Other rows are padded by
+  // 16 bytes (rows start 4 banks apart). Either way ldmatrix and the 32-bit loads of 8-bit rows are
+  // conflict-free.
+  static constexpr bool kSwizzled = kRowBytes == 128 && !kWide;
+  static constexpr int kRowPitch = kSwizzled ? kRowBytes : kRowBytes + 16;
+  static constexpr int kTmaBoxRows = 16;
   // Bulk copies pay per request: worth it for rows of 256 bytes and more (cp.async otherwise).
   static constexpr bool kBulkRows = kRowBytes >= 256 && !kWide;
   static constexpr int kTileBytes = kKeys * kRowPitch;
   static constexpr int kScaleBytes = kQuant ? 2 * kKeys * 4 : 0;
-  static constexpr int kStageBytes = 2 * kTileBytes + kScaleBytes;
+  static constexpr int kStageRaw = 2 * kTileBytes + kScaleBytes;
+  // TMA's 128-byte swizzle repeats every 1024 bytes: swizzled stages start 1024-byte aligned.
+  static constexpr int kStageBytes = kSwizzled ? (kStageRaw + 1023) / 1024 * 1024 : kStageRaw;
   // ~28 KB of ring per warp: two CTAs (8 warps) per SM on Hopper for d <= 128. One shared ring of
   // about the same total in the wide form.
   static constexpr int kRings = kWide ? 1 : kWarps;
-  static constexpr int kStagesRaw = (kWide ? 98304 : 28672) / kStageBytes;
+  // 128-byte rows: two stages per warp, so that three CTAs (12 warps) fit on an SM.
+  static constexpr int kStagesRaw = (kWide ? 98304 : (kSwizzled ? 20480 : 28672)) / kStageBytes;
   static constexpr int kStageCap = kWide ? 8 : 6;
   static constexpr int kStages = kStagesRaw < 2 ? 2 : (kStagesRaw > kStageCap ? kStageCap : kStagesRaw);
   static constexpr int kRingBytes = kRings * kStages * kStageBytes;
   static constexpr int kMergeBytes = (kWarps * 16 * D + 2 * kWarps * 16 + 2 * kRows) * 4;
   static constexpr int kBarOffset = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
-  static constexpr int kSmemBytes = kBarOffset + kRings * kStages * 8;  // + one mbarrier per stage
+  // + one mbarrier per stage, + room to align the ring to 1024 bytes
+  static constexpr int kSmemBytes = kBarOffset + kRings * kStages * 8 + (kSwizzled ? 1024 : 0);
 };
 
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
@@ -75,6 +85,14 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
+}
+// One box of a 3-D tensor map {d, kv head, row} (coordinates innermost first): d from 0, one head,
+// kTmaBoxRows rows from `row`.
+__device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap* map, int head, int row, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(head), "r"(row), "r"(bar)
+      : "memory");
 }
 __device__ __forceinline__ void bar_init(uint32_t bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
@@ -136,8 +154,16 @@ __device__ __forceinline__ int o_column(int j, int n) {
   return kQuant ? 32 * (j / 4) + 4 * n + (j % 4) : 8 * j + n;
 }
 
+// Byte offset of 16-byte chunk `chunk` of row `row` in a K or V tile.
+template <class Cfg>
+__device__ __forceinline__ int tile_offset(int row, int chunk) {
+  return row * Cfg::kRowPitch + (Cfg::kSwizzled ? (chunk ^ (row & 7)) : chunk) * 16;
+}
+
 template <int D, class T, KvFormat F, bool kWide>
-__global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(128)
+    decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_k,
+                  const __grid_constant__ CUtensorMap tm_v) {
   using Cfg = DecodeCfg<D, T, F, kWide>;
   using MT = typename Cfg::MmaT;
   using M = MmaType<MT>;
@@ -205,14 +231,19 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
   const int t_begin = min(n_tiles, split * per_split), t_end = min(n_tiles, t_begin + per_split);
   const int32_t* pages = p.page_size > 0 ? p.page_indices + p.page_indptr[b] : nullptr;
 
-  uint8_t* ring = smem + (kWide ? 0 : warp) * Cfg::kStages * Cfg::kStageBytes;
+  uint8_t* smem_base = smem;
+  if constexpr (Cfg::kSwizzled) smem_base = smem + ((1024 - (smem_addr(smem) & 1023)) & 1023);
+  uint8_t* ring = smem_base + (kWide ? 0 : warp) * Cfg::kStages * Cfg::kStageBytes;
   const uint8_t* kbase = static_cast<const uint8_t*>(p.k);
   const uint8_t* vbase = static_cast<const uint8_t*>(p.v);
 
   constexpr bool kBulk = ESCALA_DECODE_BULK && Cfg::kBulkRows;
-  const uint32_t bars = smem_addr(smem + Cfg::kBarOffset) + (kWide ? 0 : warp) * Cfg::kStages * 8;
+  const uint32_t bars = smem_addr(smem_base + Cfg::kBarOffset) + (kWide ? 0 : warp) * Cfg::kStages * 8;
+  // Hopper, 128-byte rows, pages of a multiple of 16 tokens laid out as the launcher checked: one
+  // TMA box (16 rows of one head) per copy.
+  const bool tma = ESCALA_DECODE_BULK && Cfg::kSwizzled && p.use_tma;
 #if ESCALA_DECODE_BULK
-  if (kBulk && lane == 0)
+  if ((kBulk || tma) && lane == 0)
     for (int st = 0; st < Cfg::kStages; ++st) bar_init(bars + st * 8);
   __syncwarp();
 #endif
@@ -259,7 +290,25 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
         }
         return (is_v ? vbase : kbase) + row * Cfg::kElemBytes;
       };
-      if constexpr (kBulk) {
+      if (tma) {
+#if ESCALA_DECODE_BULK
+        // Lane 0: kKeys / 16 boxes each of K and V. Rows past the end of the sequence are whatever
+        // the pool holds there: their scores are masked, and V rows are zeroed before use.
+        if (lane == 0) {
+          const uint32_t bar = bars + stage * 8;
+          bar_expect(bar, 2 * Cfg::kKeys * Cfg::kRowBytes);
+#pragma unroll
+          for (int bx = 0; bx < Cfg::kKeys / Cfg::kTmaBoxRows; ++bx) {
+            const int key = key_lo + bx * Cfg::kTmaBoxRows;
+            const int32_t page = p.page_size > 0 ? pages[min(key, kv_len - 1) / p.page_size] : 0;
+            const int row = p.page_size > 0 ? page * p.page_size + key % p.page_size : k0 + key;
+            const uint32_t off = bx * Cfg::kTmaBoxRows * Cfg::kRowPitch;
+            tma_box(st + off, &tm_k, hk, row, bar);
+            tma_box(st + Cfg::kTileBytes + off, &tm_v, hk, row, bar);
+          }
+        }
+#endif
+      } else if constexpr (kBulk) {
 #if ESCALA_DECODE_BULK
         // One lane per row (kKeys == 16): lanes 0-15 the K rows, 16-31 the V rows.
         const uint32_t bar = bars + stage * 8;
@@ -285,7 +334,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
           const int e = lane + 32 * (j + (kWide ? warp * kCopies : 0)), rho = e / Cfg::kChunks, c = e % Cfg::kChunks;
           const int is_v = rho / Cfg::kKeys, r = rho % Cfg::kKeys;
           const long long off = __shfl_sync(0xffffffffu, is_v ? v_off : k_off, r);
-          cp_async_16(st + is_v * Cfg::kTileBytes + r * Cfg::kRowPitch + c * 16, (is_v ? vbase : kbase) + off + c * 16,
+          cp_async_16(st + is_v * Cfg::kTileBytes + tile_offset<Cfg>(r, c), (is_v ? vbase : kbase) + off + c * 16,
                       key_lo + r < kv_len);
         }
       }
@@ -318,7 +367,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
   for (int i = 0; i < my_tiles; ++i) {
     const int stage = i % Cfg::kStages;
 #if ESCALA_DECODE_BULK
-    if (kBulk) bar_wait(bars + stage * 8, (i / Cfg::kStages) & 1);
+    if (kBulk || tma) bar_wait(bars + stage * 8, (i / Cfg::kStages) & 1);
 #endif
     cp_async_wait<Cfg::kStages - 2>();
     // Wide: every warp's copies of tile i have landed, and every warp is done with tile i - 1.
@@ -328,6 +377,16 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
     const uint8_t* sk = ring + stage * Cfg::kStageBytes;
     const uint8_t* sv = sk + Cfg::kTileBytes;
     const int key_lo = tr.at(tile_of0 + tile_step * i) * Cfg::kKeys;
+    if (tma && key_lo + Cfg::kKeys > kv_len) {
+      // The last tile of a sequence: V rows past its end hold pool bytes (maybe NaN patterns) that
+      // a zero probability would not cancel; zero them.
+      if (lane < Cfg::kKeys && key_lo + lane >= kv_len) {
+        uint4* row = reinterpret_cast<uint4*>(ring + stage * Cfg::kStageBytes + Cfg::kTileBytes + lane * Cfg::kRowPitch);
+#pragma unroll
+        for (int c = 0; c < Cfg::kRowBytes / 16; ++c) row[c] = make_uint4(0, 0, 0, 0);
+      }
+      __syncwarp();
+    }
 
     // S = Q K^T for 16 rows x kKeys keys.
     constexpr int kNT = Cfg::kNT;
@@ -342,7 +401,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
         for (int kk = 0; kk < kKT; ++kk) {
           uint32_t bf[4];
           const int chunk = 2 * kk + ((lane >> 3) & 1);
-          ldmatrix_x4(bf, smem_addr(sk + key * Cfg::kRowPitch + chunk * 16));
+          ldmatrix_x4(bf, smem_addr(sk + tile_offset<Cfg>(key, chunk)));
           M::mma(s[j2], qf[kk], bf[0], bf[1]);
           M::mma(s[j2 + 1], qf[kk], bf[2], bf[3]);
         }
@@ -353,7 +412,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
 #pragma unroll
         for (int j = 0; j < kNT; ++j) {
           const int key = 8 * j + g;
-          const uint32_t w = *reinterpret_cast<const uint32_t*>(sk + key * Cfg::kRowPitch + kk * 16 + 4 * t4);
+          const uint32_t w = *reinterpret_cast<const uint32_t*>(sk + tile_offset<Cfg>(key, kk) + 4 * t4);
           M::mma(s[j], qf[kk], cvt8x2<F>(w, false), cvt8x2<F>(w, true));
         }
       const float* ks = reinterpret_cast<const float*>(sk + 2 * Cfg::kTileBytes);
@@ -401,7 +460,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
       for (int j = 0; j < kDT; j += 2) {
         uint32_t bf[4];
         const int chunk = j + (lane >> 4);
-        ldmatrix_x4_trans(bf, smem_addr(sv + key * Cfg::kRowPitch + chunk * 16));
+        ldmatrix_x4_trans(bf, smem_addr(sv + tile_offset<Cfg>(key, chunk)));
         M::mma(o[j], pf[ks16], bf[0], bf[1]);
         M::mma(o[j + 1], pf[ks16], bf[2], bf[3]);
       }
@@ -413,7 +472,7 @@ __global__ void __launch_bounds__(128) decode_kernel(const DecodeParams p) {
         uint32_t w[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-          w[k] = *reinterpret_cast<const uint32_t*>(sv + keys[k] * Cfg::kRowPitch + 32 * q + 4 * g);
+          w[k] = *reinterpret_cast<const uint32_t*>(sv + tile_offset<Cfg>(keys[k], 2 * q + (g >> 2)) + ((4 * g) & 15));
         // Interleave the two keys of each B register: bytes (d0 k0, d0 k1, d1 k0, d1 k1).
         const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5140), hi0 = __byte_perm(w[0], w[1], 0x7362);
         const uint32_t lo1 = __byte_perm(w[2], w[3], 0x5140), hi1 = __byte_perm(w[2], w[3], 0x7362);

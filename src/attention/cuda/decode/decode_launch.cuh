@@ -9,7 +9,7 @@
 namespace escala::attn::cuda {
 
 template <int D, class T, KvFormat F, bool kWide>
-cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
+cudaError_t launch_decode(const DecodeParams& p, const KvMaps& maps, cudaStream_t stream) {
   using Cfg = DecodeCfg<D, T, F, kWide>;
   auto kernel = decode_kernel<D, T, F, kWide>;
   static const cudaError_t attr =
@@ -17,7 +17,7 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (attr != cudaSuccess) return attr;
   const dim3 grid(static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.num_kv_heads * p.row_tiles),
                   static_cast<unsigned>(p.batch));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps.k, maps.v);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || p.num_splits == 1) return e;
   const int64_t rows = int64_t(p.batch) * p.max_q_len * p.num_heads;
@@ -27,8 +27,9 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
 }
 
 template <int D, class T, KvFormat F>
-cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
-  return p.rows_per_cta == 64 ? launch_decode<D, T, F, true>(p, stream) : launch_decode<D, T, F, false>(p, stream);
+cudaError_t launch_decode(const DecodeParams& p, const KvMaps& maps, cudaStream_t stream) {
+  return p.rows_per_cta == 64 ? launch_decode<D, T, F, true>(p, maps, stream)
+                              : launch_decode<D, T, F, false>(p, maps, stream);
 }
 
 template <int D, class T, KvFormat F, bool kWide>
@@ -46,18 +47,18 @@ int ctas_per_sm() {
 }
 
 template <int D>
-cudaError_t run_decode(const DecodeParams& p, bool bf16, KvFormat f, cudaStream_t stream) {
+cudaError_t run_decode(const DecodeParams& p, const KvMaps& maps, bool bf16, KvFormat f, cudaStream_t stream) {
   if (bf16) {
     switch (f) {
-      case KvFormat::kHalf: return launch_decode<D, __nv_bfloat16, KvFormat::kHalf>(p, stream);
-      case KvFormat::kInt8: return launch_decode<D, __nv_bfloat16, KvFormat::kInt8>(p, stream);
-      case KvFormat::kFp8: return launch_decode<D, __nv_bfloat16, KvFormat::kFp8>(p, stream);
+      case KvFormat::kHalf: return launch_decode<D, __nv_bfloat16, KvFormat::kHalf>(p, maps, stream);
+      case KvFormat::kInt8: return launch_decode<D, __nv_bfloat16, KvFormat::kInt8>(p, maps, stream);
+      case KvFormat::kFp8: return launch_decode<D, __nv_bfloat16, KvFormat::kFp8>(p, maps, stream);
     }
   } else {
     switch (f) {
-      case KvFormat::kHalf: return launch_decode<D, __half, KvFormat::kHalf>(p, stream);
-      case KvFormat::kInt8: return launch_decode<D, __half, KvFormat::kInt8>(p, stream);
-      case KvFormat::kFp8: return launch_decode<D, __half, KvFormat::kFp8>(p, stream);
+      case KvFormat::kHalf: return launch_decode<D, __half, KvFormat::kHalf>(p, maps, stream);
+      case KvFormat::kInt8: return launch_decode<D, __half, KvFormat::kInt8>(p, maps, stream);
+      case KvFormat::kFp8: return launch_decode<D, __half, KvFormat::kFp8>(p, maps, stream);
     }
   }
   return cudaErrorInvalidValue;

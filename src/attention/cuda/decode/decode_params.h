@@ -42,6 +42,8 @@ struct DecodeParams {
   int32_t num_splits = 1;  // grid.x: key ranges per (sequence, kv head, row tile)
   int32_t max_q_len = 0;   // bounds the partials' index space
 
+  int32_t use_tma = 0;  // Hopper, 128-byte rows: K/V boxes through the tensor maps passed beside
+
   float scale = 1.0f;       // softmax scale
   float scale_log2 = 1.0f;  // scale * log2(e)
   float softcap = 0.0f;     // 0 = off
