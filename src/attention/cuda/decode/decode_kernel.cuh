@@ -249,8 +249,9 @@ __global__ void __launch_bounds__(128)
 #endif
 
   // The warp's i-th tile is t_begin + warp + 4 i (t_begin + i when wide: every warp, every tile).
-  // Lane l looks up the page of key l % kKeys of the warp's tiles one tile ahead, so the page-table read never stalls the copies it feeds; the copies of a row
-  // get its page from that lane by a shuffle.
+  // Lane l looks up the page of key l % kKeys of the warp's tiles one tile ahead, so the page-table
+  // read never stalls the copies it feeds; the copies of a row get its page from that lane by a
+  // shuffle.
   const int r_lane = lane % Cfg::kKeys;
   const int tile_of0 = t_begin + (kWide ? 0 : warp), tile_step = kWide ? 1 : Cfg::kWarps;
   auto lane_key = [&](int i) {  // -1 past the warp's tiles
@@ -293,15 +294,19 @@ __global__ void __launch_bounds__(128)
       if (tma) {
 #if ESCALA_DECODE_BULK
         // Lane 0: kKeys / 16 boxes each of K and V. Rows past the end of the sequence are whatever
-        // the pool holds there: their scores are masked, and V rows are zeroed before use.
+        // the pool holds there (a box wholly past it reads page 0): their scores are masked, and V
+        // rows are zeroed before use.
+        constexpr int kBoxes = Cfg::kKeys / Cfg::kTmaBoxRows;
+        int32_t box_page[kBoxes];
+#pragma unroll
+        for (int bx = 0; bx < kBoxes; ++bx) box_page[bx] = __shfl_sync(0xffffffffu, my_page, bx * Cfg::kTmaBoxRows);
         if (lane == 0) {
           const uint32_t bar = bars + stage * 8;
           bar_expect(bar, 2 * Cfg::kKeys * Cfg::kRowBytes);
 #pragma unroll
-          for (int bx = 0; bx < Cfg::kKeys / Cfg::kTmaBoxRows; ++bx) {
+          for (int bx = 0; bx < kBoxes; ++bx) {
             const int key = key_lo + bx * Cfg::kTmaBoxRows;
-            const int32_t page = p.page_size > 0 ? pages[min(key, kv_len - 1) / p.page_size] : 0;
-            const int row = p.page_size > 0 ? page * p.page_size + key % p.page_size : k0 + key;
+            const int row = p.page_size > 0 ? box_page[bx] * p.page_size + key % p.page_size : k0 + key;
             const uint32_t off = bx * Cfg::kTmaBoxRows * Cfg::kRowPitch;
             tma_box(st + off, &tm_k, hk, row, bar);
             tma_box(st + Cfg::kTileBytes + off, &tm_v, hk, row, bar);
