@@ -81,14 +81,14 @@ void check_same_bits(Mirror& m, const std::vector<kv::SeqId>& seqs) {
           const int64_t slot = int64_t(table[size_t(t / m.cfg.block_size)]) * m.cfg.block_size + t % m.cfg.block_size;
           ASSERT_EQ(std::memcmp(dev.data() + slot * row * eb, host + slot * row * eb, row * eb), 0)
               << "layer " << layer << (side ? " V" : " K") << " seq " << s << " token " << t;
-          if (m.cfg.dtype == DType::kI8)
-            for (int h = 0; h < m.cfg.num_kv_heads; ++h)
+          for (int h = 0; h < m.cfg.num_kv_heads; ++h) {
+            if (m.cfg.dtype == DType::kI8) {
               ASSERT_EQ(dscale[slot * m.cfg.num_kv_heads + h], hscale[slot * m.cfg.num_kv_heads + h]);
-          if (m.cfg.dtype == DType::kFp8E4M3)
-            for (int h = 0; h < m.cfg.num_kv_heads; ++h) {
+            } else if (m.cfg.dtype == DType::kFp8E4M3) {
               const int64_t i = int64_t(table[size_t(t / m.cfg.block_size)]) * m.cfg.num_kv_heads + h;
               ASSERT_EQ(dscale[i], hscale[i]) << "fp8 block scale";
             }
+          }
         }
       }
     }
