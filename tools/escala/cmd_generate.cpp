@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 
 #include "commands.h"
@@ -22,6 +23,7 @@ struct GenerateFlags {
   std::string prompt_ids;  // comma-separated token ids, instead of text (benchmarks: exact lengths)
   bool chat = false;  // wrap the prompt as one user turn of the model's chat template
   bool json = false;  // one JSON object instead of streamed text (scripts, comparisons)
+  std::string omp_spin = "3000";  // as escala serve: see reexec_with_omp_spin
 };
 
 // "1,2,3" -> {1, 2, 3}; ids are checked against the vocabulary by the model.
@@ -57,6 +59,8 @@ int64_t peak_rss_bytes() {
 Status run_generate(const GenerateFlags& f) {
   if (f.prompt.empty() == f.prompt_ids.empty()) return Status::error("give exactly one of --prompt and --prompt-ids");
   if (!f.prompt_ids.empty() && f.chat) return Status::error("--chat needs --prompt (text), not --prompt-ids");
+  ESCALA_RETURN_IF_ERROR(check_omp_spin(f.omp_spin));
+  reexec_with_omp_spin(f.omp_spin, "ESCALA_GENERATE_REEXEC");
   auto lm = load_model(f.model);
   if (!lm.ok()) return lm.status();
   std::string text = f.prompt;
@@ -85,8 +89,16 @@ Status run_generate(const GenerateFlags& f) {
     std::fputs(f.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  auto res = engine::generate(*lm->model, lm->tokenizer, 0, req, [&f](std::string_view t) {
-    if (f.json) return;
+  // With --json: when each piece of text became final. Between two pieces lies one decode step
+  // (sometimes more, when a token completes no character), so the median gap is a step time that a
+  // busy machine's preemptions do not move (benchmarks on shared machines).
+  std::vector<double> piece_times;
+  const auto t_start = std::chrono::steady_clock::now();
+  auto res = engine::generate(*lm->model, lm->tokenizer, 0, req, [&](std::string_view t) {
+    if (f.json) {
+      piece_times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+      return;
+    }
     std::fwrite(t.data(), 1, t.size(), stdout);
     std::fflush(stdout);
   });
@@ -115,6 +127,7 @@ Status run_generate(const GenerateFlags& f) {
     j["generation_seconds"] = res->generation_seconds;
     j["kv_bytes_in_use"] = st.bytes_in_use;
     j["peak_rss_bytes"] = peak_rss_bytes();
+    j["piece_times"] = piece_times;
     std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return {};
   }
@@ -137,6 +150,9 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--prompt-ids", flags.prompt_ids, "Prompt as comma-separated token ids (instead of --prompt)");
   cmd->add_flag("--chat", flags.chat, "Apply the model's chat template to the prompt (one user turn)");
   cmd->add_flag("--json", flags.json, "Print one JSON object (token ids, text, top first-position logits, speeds)");
+  cmd->add_option("--omp-spin", flags.omp_spin,
+                  "OpenMP wait: spin count before a waiting thread sleeps (default 3000: short, for shared "
+                  "machines), passive, or keep (the runtime's default)");
   add_model_flags(*cmd, flags.model);
   add_sampling_flags(*cmd, flags.sampling);
   cmd->callback([&exit_code] {

@@ -2,7 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "model/model_paths.h"
 
@@ -47,6 +56,41 @@ Result<kv::StreamingPolicy> parse_streaming(const std::string& s) {
   return p;
 }
 }  // namespace
+
+Status check_omp_spin(const std::string& spin) {
+  if (spin != "keep" && spin != "passive" && (spin.empty() || spin.find_first_not_of("0123456789") != std::string::npos))
+    return Status::error(fmt::format("--omp-spin must be a spin count, passive or keep (got '{}')", spin));
+  return {};
+}
+
+void reexec_with_omp_spin(const std::string& spin, const char* marker_env) {
+  if (spin == "keep" || std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT") || std::getenv(marker_env))
+    return;
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (!f.good() && !f.eof()) return;
+  std::vector<std::string> args;
+  for (size_t at = 0; at < all.size();) {
+    const size_t end = all.find('\0', at);
+    args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  if (args.empty()) return;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  if (spin == "passive") setenv("OMP_WAIT_POLICY", "passive", 1);
+  else setenv("GOMP_SPINCOUNT", spin.c_str(), 1);
+  setenv(marker_env, "1", 1);
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  std::fflush(nullptr);
+  execv(ec || self.empty() ? "/proc/self/exe" : self.c_str(), argv.data());
+  // Could not: run with the runtime's defaults.
+  unsetenv("OMP_WAIT_POLICY");
+  unsetenv("GOMP_SPINCOUNT");
+}
 
 Result<LoadedModel> load_model(const ModelFlags& f, int32_t max_sequences) {
   std::string path = f.model;
