@@ -108,15 +108,23 @@ HWY_INLINE VF load_lanes(DF df, const uint8_t* HWY_RESTRICT row, size_t c) {
 }
 
 // a[i] becomes the sum of the lanes of a[i] for i < L, all in one vector (lane i): log2(L) levels
-// of pairwise odd+even concatenations.
-HWY_INLINE VF reduce_transpose(DF df, VF* a) {
+// of pairwise odd+even concatenations. Levels are unrolled at compile time so that the
+// accumulators stay in registers.
+template <int N>
+HWY_INLINE void reduce_level(DF df, VF* a) {
 #if HWY_TARGET != HWY_SCALAR  // one lane: nothing to reduce
-  for (int n = kLanes; n > 1; n /= 2)
-    for (int i = 0; i < n / 2; ++i)
+  if constexpr (N > 1) {
+    for (int i = 0; i < N / 2; ++i)
       a[i] = hn::Add(hn::ConcatOdd(df, a[2 * i + 1], a[2 * i]), hn::ConcatEven(df, a[2 * i + 1], a[2 * i]));
+    reduce_level<N / 2>(df, a);
+  }
 #else
   (void)df;
+  (void)a;
 #endif
+}
+HWY_INLINE VF reduce_transpose(DF df, VF* a) {
+  reduce_level<kLanes>(df, a);
   return a[0];
 }
 
