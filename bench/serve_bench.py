@@ -10,6 +10,7 @@ runs at different concurrencies do the same work.
 """
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -78,6 +79,7 @@ def run(url, concurrency, reqs):
                 with lock:
                     results.append(out)
 
+    load = os.getloadavg()[0]
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     for t in threads:
@@ -91,7 +93,8 @@ def run(url, concurrency, reqs):
     return {"concurrency": concurrency, "requests": len(results), "tokens": tokens, "wall_s": wall,
             "tok_s": tokens / wall, "ttft_p50": pct(ttft, 50), "ttft_p90": pct(ttft, 90), "ttft_p99": pct(ttft, 99),
             "itl_p50": pct(itl, 50), "itl_p90": pct(itl, 90), "itl_p99": pct(itl, 99),
-            "latency_mean": statistics.mean(r[3] for r in results)}
+            "latency_mean": statistics.mean(r[3] for r in results),
+            "load": f"{load:.2f} → {os.getloadavg()[0]:.2f}"}
 
 
 def main():
@@ -106,14 +109,16 @@ def main():
     if args.warmup:
         run(args.url, 1, reqs[:args.warmup])
     rows = [run(args.url, c, reqs) for c in args.concurrency]
-    print("| streams | requests | gen tokens | wall s | gen tok/s | vs 1 | TTFT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms |")
-    print("|---:|---:|---:|---:|---:|---:|---|---|")
+    # The machine's 1-minute load average before and after each run: a benchmark on a shared machine
+    # means something only when it is low (2 cores: well under 1).
+    print("| streams | requests | gen tokens | wall s | gen tok/s | vs 1 | TTFT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | load |")
+    print("|---:|---:|---:|---:|---:|---:|---|---|---|")
     base = rows[0]["tok_s"]
     for r in rows:
         print(f"| {r['concurrency']} | {r['requests']} | {r['tokens']} | {r['wall_s']:.1f} | {r['tok_s']:.1f} | "
               f"{r['tok_s'] / base:.2f}x | {r['ttft_p50'] * 1e3:.0f} / {r['ttft_p90'] * 1e3:.0f} / "
               f"{r['ttft_p99'] * 1e3:.0f} | {r['itl_p50'] * 1e3:.0f} / {r['itl_p90'] * 1e3:.0f} / "
-              f"{r['itl_p99'] * 1e3:.0f} |")
+              f"{r['itl_p99'] * 1e3:.0f} | {r['load']} |")
 
 
 if __name__ == "__main__":
