@@ -3,17 +3,11 @@
 #include <fmt/format.h>
 #include <pthread.h>
 
-#include <unistd.h>
-
 #include <atomic>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <thread>
-#include <vector>
 
 #include "commands.h"
 #include "escala/engine.h"
@@ -38,50 +32,11 @@ struct ServeFlags {
   std::string omp_spin = "3000";
 };
 
-// OpenMP threads that wait spin first (libgomp: ~300k pause loops, milliseconds) before they
-// sleep. A forward pass opens some 300 parallel regions; on a machine whose cores are shared with
-// other work, a thread spinning at a region's end holds a core that its partner needs, and each
-// region can cost a time slice: the single stream measured 5-10 tokens/s instead of 50-90 on the
-// shared 2-core machine (docs/PERFORMANCE.md, Serving). The wait policy is read once, when the
-// OpenMP runtime loads, so `escala serve` sets a short spin and starts itself again, unless the
-// user chose a policy (OMP_WAIT_POLICY, GOMP_SPINCOUNT) or --omp-spin keep. Returns only if it did
-// not re-execute.
-void reexec_with_short_omp_spin(const std::string& spin) {
-  if (spin == "keep" || std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT") ||
-      std::getenv("ESCALA_SERVE_REEXEC"))
-    return;
-  std::ifstream f("/proc/self/cmdline", std::ios::binary);
-  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (!f.good() && !f.eof()) return;
-  std::vector<std::string> args;
-  for (size_t at = 0; at < all.size();) {
-    const size_t end = all.find('\0', at);
-    args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
-    if (end == std::string::npos) break;
-    at = end + 1;
-  }
-  if (args.empty()) return;
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  if (spin == "passive") setenv("OMP_WAIT_POLICY", "passive", 1);
-  else setenv("GOMP_SPINCOUNT", spin.c_str(), 1);
-  setenv("ESCALA_SERVE_REEXEC", "1", 1);
-  // The binary's own path, so that the process keeps its name (ps, top, pgrep).
-  std::error_code ec;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  std::fflush(nullptr);
-  execv(ec || self.empty() ? "/proc/self/exe" : self.c_str(), argv.data());
-  // Could not: serve with the runtime's defaults.
-  unsetenv("OMP_WAIT_POLICY");
-  unsetenv("GOMP_SPINCOUNT");
-}
-
 Status run_serve(const ServeFlags& f) {
-  if (f.omp_spin != "keep" && f.omp_spin != "passive" &&
-      f.omp_spin.find_first_not_of("0123456789") != std::string::npos)
-    return Status::error(fmt::format("--omp-spin must be a spin count, passive or keep (got '{}')", f.omp_spin));
-  reexec_with_short_omp_spin(f.omp_spin);
+  // libgomp's default spin makes every parallel region of a forward cost up to a time slice on a
+  // busy machine (docs/PERFORMANCE.md, Serving): a short spin, set by executing again.
+  ESCALA_RETURN_IF_ERROR(check_omp_spin(f.omp_spin));
+  reexec_with_omp_spin(f.omp_spin, "ESCALA_SERVE_REEXEC");
   if (!f.model.streaming.empty()) return Status::error("serve: --streaming is not supported (it disables prefix caching)");
   // Signals go to one thread that waits for them; block them before any other thread exists.
   sigset_t sigs;
