@@ -11,9 +11,10 @@ Usage: python3 bench/attention_decode_bench.py --bin build/tests/escala_gpu_test
 """
 import argparse
 import re
-import statistics
 import subprocess
 import sys
+
+from cuda_timing import time_cuda
 
 # name, B, T, h, hk, d
 SHAPES = [
@@ -53,25 +54,6 @@ def run_cascade(binary, reps):
     return (float(m.group(1)), float(m.group(2)), float(m.group(3))) if m else None
 
 
-def time_cuda(fn, reps, inner=10):
-    """Median over reps of the time per call, each sample timing `inner` back-to-back calls (as the
-    C++ side does), so Python's dispatch overlaps the GPU instead of being counted."""
-    import torch
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / inner)
-    return statistics.median(times)
-
-
 def run_peers(shape, reps):
     import torch
     import torch.nn.functional as F
@@ -88,7 +70,7 @@ def run_peers(shape, reps):
             def fn():
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(q, k, v, enable_gqa=hk != h)
-            ms = time_cuda(fn, reps)
+            ms = time_cuda(fn, reps, inner=10)
             out[label] = nbytes / (ms * 1e-3) / 1e9
         except Exception as e:  # backend refuses this shape
             sys.stderr.write(f"{name} {label}: {type(e).__name__}: {str(e)[:200]}\n")

@@ -12,9 +12,10 @@ Usage: python3 bench/attention_prefill_bench.py --bin build/tests/escala_gpu_tes
 import argparse
 import math
 import re
-import statistics
 import subprocess
 import sys
+
+from cuda_timing import time_cuda
 
 # name, B, S, h, hk, d, causal, window_left, sinks   (window_left -1: none; window right is 0 when set)
 TOKENS = 32768
@@ -64,22 +65,6 @@ def run_escala(binary, shape_list, reps, arch):
         if m:
             res[m.group(1)] = (float(m.group(2)), float(m.group(3)))
     return res
-
-
-def time_cuda(fn, reps):
-    import torch
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def run_peers(shape, reps, flex_cache):

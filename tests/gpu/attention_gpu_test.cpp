@@ -54,35 +54,8 @@ struct Outputs {
 };
 
 void compare(const Case& c, const Outputs& out, const std::vector<float>& o_ref, const std::vector<float>& lse_ref) {
-  const int d = c.d;
-  const Tolerance tol = c.dt == DType::kBF16 ? kTolBf16 : kTolF16;
-  int64_t bad = 0;
-  double max_err = 0, err2 = 0, ref2 = 0;
-  for (size_t i = 0; i < o_ref.size(); ++i) {
-    const double x = half_to_float(out.o[i], c.dt), r = o_ref[i];
-    const double e = std::fabs(x - r);
-    err2 += e * e, ref2 += r * r;
-    if (!(e <= tol.atol + tol.rtol * std::fabs(r))) {
-      if (bad < 5) ADD_FAILURE() << "O[" << i << "] (row " << i / (c.h * d) << ", head " << (i / d) % c.h << ", col "
-                                 << i % d << ") = " << x << ", ref " << r;
-      ++bad;
-    }
-    if (!std::isnan(e)) max_err = std::max(max_err, e);
-  }
-  EXPECT_EQ(bad, 0) << "elements out of tolerance (max err " << max_err << ")";
-  if (ref2 > 0) {
-    EXPECT_LT(std::sqrt(err2 / ref2), c.dt == DType::kBF16 ? 8e-3 : 2e-3);
-  }
-  int64_t bad_lse = 0;
-  for (size_t i = 0; i < lse_ref.size(); ++i) {
-    const float x = out.lse[i], r = lse_ref[i];
-    const bool ok = std::isinf(r) ? x == r : std::fabs(double(x) - r) <= kTolLse.atol + kTolLse.rtol * std::fabs(r);
-    if (!ok) {
-      if (bad_lse < 5) ADD_FAILURE() << "LSE[" << i << "] = " << x << ", ref " << r;
-      ++bad_lse;
-    }
-  }
-  EXPECT_EQ(bad_lse, 0);
+  compare_outputs(out.o, out.lse, o_ref, lse_ref, c.dt, c.dt == DType::kBF16 ? kTolBf16 : kTolF16,
+                  c.dt == DType::kBF16 ? 8e-3 : 2e-3, c.h, c.d);
 }
 
 // The kernels this device can run: sm_80 everywhere, sm_90a on Hopper.

@@ -186,36 +186,6 @@ RunResult run_gpu(const AttentionParams& g, int64_t tq, const DeviceBuffer& d_o,
   return r;
 }
 
-void compare(const RunResult& out, const std::vector<float>& o_ref, const std::vector<float>& lse_ref, DType dt,
-             Tolerance tol, double rel_rms) {
-  int64_t bad = 0;
-  double max_err = 0, err2 = 0, ref2 = 0;
-  for (size_t i = 0; i < o_ref.size(); ++i) {
-    const double x = half_to_float(out.o[i], dt), r = o_ref[i];
-    const double e = std::fabs(x - r);
-    err2 += e * e, ref2 += r * r;
-    if (!(e <= tol.atol + tol.rtol * std::fabs(r))) {
-      if (bad < 5) ADD_FAILURE() << "O[" << i << "] = " << x << ", ref " << r;
-      ++bad;
-    }
-    if (!std::isnan(e)) max_err = std::max(max_err, e);
-  }
-  EXPECT_EQ(bad, 0) << "elements out of tolerance (max err " << max_err << ")";
-  if (ref2 > 0) {
-    EXPECT_LT(std::sqrt(err2 / ref2), rel_rms);
-  }
-  int64_t bad_lse = 0;
-  for (size_t i = 0; i < lse_ref.size(); ++i) {
-    const float x = out.lse[i], r = lse_ref[i];
-    const bool ok = std::isinf(r) ? x == r : std::fabs(double(x) - r) <= kTolLse.atol + kTolLse.rtol * std::fabs(r);
-    if (!ok) {
-      if (bad_lse < 5) ADD_FAILURE() << "LSE[" << i << "] = " << x << ", ref " << r;
-      ++bad_lse;
-    }
-  }
-  EXPECT_EQ(bad_lse, 0);
-}
-
 struct Problem {
   std::vector<int32_t> cu_q, cu_k;
   std::vector<uint16_t> q;
@@ -321,7 +291,7 @@ void check_case(const DecCase& c) {
   ASSERT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0) << "LSE differs between runs";
   const bool quant = c.kv == DType::kI8 || c.kv == DType::kFp8E4M3;
   const bool loose = quant || c.dt == DType::kBF16;
-  compare(a, o_ref, lse_ref, c.dt, loose ? kTolBf16 : kTolF16, loose ? 8e-3 : 2e-3);
+  compare_outputs(a.o, a.lse, o_ref, lse_ref, c.dt, loose ? kTolBf16 : kTolF16, loose ? 8e-3 : 2e-3, c.h, c.d);
 }
 
 const DType kHalfTypes[] = {DType::kBF16, DType::kF16};
@@ -488,7 +458,7 @@ TEST(DecodeCuda, CudaGraphReplaysWithNewLengths) {
     RunResult out;
     out.o.resize(p2.tq * c.h * c.d), out.lse.resize(p2.tq * c.h);
     dp.d_o.download(out.o), dp.d_lse.download(out.lse);
-    compare(out, o_ref, lse_ref, c.dt, kTolBf16, 8e-3);
+    compare_outputs(out.o, out.lse, o_ref, lse_ref, c.dt, kTolBf16, 8e-3, c.h, c.d);
   }
   GPU_CHECK(cudaGraphExecDestroy(exec));
   GPU_CHECK(cudaGraphDestroy(graph));
@@ -576,7 +546,7 @@ TEST(DecodeCuda, CascadeSharedPrefixEqualsFullSequences) {
       RunResult out;
       out.o.resize(tq * c.h * c.d), out.lse.resize(tq * c.h);
       d_o.download(out.o), d_lse.download(out.lse);
-      compare(out, o_ref, lse_ref, c.dt, kTolBf16, 8e-3);
+      compare_outputs(out.o, out.lse, o_ref, lse_ref, c.dt, kTolBf16, 8e-3, c.h, c.d);
     }
 }
 

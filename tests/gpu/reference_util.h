@@ -2,13 +2,17 @@
 // one query head at a time, in parallel over heads.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <thread>
 #include <vector>
 
 #include "attention/reference.h"
 #include "escala/attention.h"
+#include "gpu_util.h"
 
 namespace escala::gputest {
 
@@ -52,6 +56,41 @@ inline void parallel_reference(const AttentionParams& p, std::vector<float>& o_r
   }
   for (int h = 0; h < p.num_heads; ++h)
     for (int64_t i = 0; i < total_q; ++i) lse_ref[i * p.num_heads + h] = lse_h[h][i];
+}
+
+// Checks a GPU result (O as half bits of `dt`, LSE as float) against the reference: every element
+// within `tol`, the relative RMS error below `rel_rms`, LSE within kTolLse (-inf exactly).
+inline void compare_outputs(const std::vector<uint16_t>& o, const std::vector<float>& lse, const std::vector<float>& o_ref,
+                            const std::vector<float>& lse_ref, DType dt, Tolerance tol, double rel_rms, int heads,
+                            int d) {
+  int64_t bad = 0;
+  double max_err = 0, err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < o_ref.size(); ++i) {
+    const double x = half_to_float(o[i], dt), r = o_ref[i];
+    const double e = std::fabs(x - r);
+    err2 += e * e, ref2 += r * r;
+    if (!(e <= tol.atol + tol.rtol * std::fabs(r))) {
+      if (bad < 5)
+        ADD_FAILURE() << "O[" << i << "] (row " << i / (size_t(heads) * d) << ", head " << (i / d) % heads << ", col "
+                      << i % d << ") = " << x << ", ref " << r;
+      ++bad;
+    }
+    if (!std::isnan(e)) max_err = std::max(max_err, e);
+  }
+  EXPECT_EQ(bad, 0) << "elements out of tolerance (max err " << max_err << ")";
+  if (ref2 > 0) {
+    EXPECT_LT(std::sqrt(err2 / ref2), rel_rms);
+  }
+  int64_t bad_lse = 0;
+  for (size_t i = 0; i < lse_ref.size(); ++i) {
+    const float x = lse[i], r = lse_ref[i];
+    const bool ok = std::isinf(r) ? x == r : std::fabs(double(x) - r) <= kTolLse.atol + kTolLse.rtol * std::fabs(r);
+    if (!ok) {
+      if (bad_lse < 5) ADD_FAILURE() << "LSE[" << i << "] = " << x << ", ref " << r;
+      ++bad_lse;
+    }
+  }
+  EXPECT_EQ(bad_lse, 0);
 }
 
 }  // namespace escala::gputest

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attention/cuda/decode/decode.h"
+#include "attention/cuda/device_scratch.h"
 #include "attention/cuda/fwd_params.h"
 #include "attention/cuda/dispatch.h"
 #include "attention/cuda/sm80/fwd_sm80.h"
@@ -106,22 +107,6 @@ int row_tiles(const AttentionParams& p, int max_q_len) {
   return (max_q_len * group + per - 1) / per;
 }
 
-// The library's own partials buffer, for callers that give none (grown, never shrunk).
-Result<void*> cached_workspace(size_t bytes) {
-  static std::mutex mu;
-  static void* buf = nullptr;
-  static size_t size = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  if (bytes > size) {
-    if (buf) cudaFree(buf);
-    buf = nullptr, size = 0;
-    const cudaError_t e = cudaMalloc(&buf, bytes);
-    if (e != cudaSuccess) return cuda_error("allocating the decode workspace", e);
-    size = bytes;
-  }
-  return buf;
-}
-
 bool is_hopper() {
   static const bool h = [] {
     int dev = 0, major = 0, minor = 0;
@@ -189,9 +174,10 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
       return fail("workspace too small: " + std::to_string(options.workspace_bytes) + " < " + std::to_string(bytes) +
                   " bytes");
     if (ws == nullptr) {
-      auto cached = cached_workspace(bytes);
-      if (!cached.ok()) return cached.status();
-      ws = *cached;
+      static cuda::DeviceScratch scratch;
+      cudaError_t e = cudaSuccess;
+      ws = scratch.get(bytes, e);
+      if (ws == nullptr) return cuda_error("allocating the decode workspace", e);
     }
     const size_t parts = size_t(p.batch) * max_q_len * p.num_heads * k.num_splits;
     k.part_o = static_cast<float*>(ws);

@@ -5,10 +5,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "attention/cuda/device_scratch.h"
 #include "attention/cuda/sm80/ptx.cuh"
 #include "escala/attention_cuda.h"
 
@@ -60,22 +60,6 @@ __global__ void write_indices(int32_t* idx, int32_t total_q, int32_t kv_len, int
   idx[0] = 0, idx[1] = total_q, idx[2] = 0, idx[3] = kv_len, idx[4] = 0, idx[5] = pages;
 }
 
-// Scratch for the two partial results and the prefix call's little index arrays (grown, kept).
-Result<uint8_t*> scratch(size_t bytes) {
-  static std::mutex mu;
-  static void* buf = nullptr;
-  static size_t size = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  if (bytes > size) {
-    if (buf) cudaFree(buf);
-    buf = nullptr, size = 0;
-    const cudaError_t e = cudaMalloc(&buf, bytes);
-    if (e != cudaSuccess) return fail(std::string("allocating scratch: ") + cudaGetErrorString(e));
-    size = bytes;
-  }
-  return static_cast<uint8_t*>(buf);
-}
-
 }  // namespace
 
 Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& prefix, void* stream_ptr,
@@ -91,9 +75,11 @@ Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& pre
   if (total_q <= 0) return {};
   const int d = p.head_dim;
   const size_t o_bytes = size_t(total_q) * p.num_heads * d * 2, l_bytes = size_t(total_q) * p.num_heads * 4;
-  auto ws = scratch(2 * o_bytes + 2 * l_bytes + 64);
-  if (!ws.ok()) return ws.status();
-  uint8_t* base = *ws;
+  // The two partial results and the prefix call's index arrays.
+  static cuda::DeviceScratch scratch;
+  cudaError_t e = cudaSuccess;
+  auto* base = static_cast<uint8_t*>(scratch.get(2 * o_bytes + 2 * l_bytes + 64, e));
+  if (base == nullptr) return fail(std::string("allocating scratch: ") + cudaGetErrorString(e));
   void* o_pre = base;
   void* o_own = base + o_bytes;
   auto* l_pre = reinterpret_cast<float*>(base + 2 * o_bytes);
@@ -103,7 +89,7 @@ Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& pre
   // The prefix call's index arrays, written by a one-thread kernel (a host copy would synchronise).
   int32_t host_idx[6] = {0, static_cast<int32_t>(total_q), 0, prefix.kv_len, 0, pages};
   write_indices<<<1, 1, 0, stream>>>(idx, host_idx[1], host_idx[3], host_idx[5]);
-  cudaError_t e = cudaGetLastError();
+  e = cudaGetLastError();
   if (e != cudaSuccess) return fail(std::string("index kernel: ") + cudaGetErrorString(e));
 
   // The shared prefix: every query sees all of it (it precedes every sequence's own tokens).

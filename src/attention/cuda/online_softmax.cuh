@@ -85,31 +85,36 @@ __device__ __forceinline__ void pack_p(const float (&s)[kNT][4], uint32_t (&pf)[
   }
 }
 
+// Joins a learned sink logit (natural-log units; none when `sink` is null) into a finished row's
+// softmax state: m2 is the row max in log2 units, l the row sum. Returns the factor O must take.
+__device__ __forceinline__ float join_sink_logit(const float* sink, float& m2, float& l) {
+  if (sink == nullptr) return 1.0f;
+  const float s2 = *sink * 1.4426950408889634f;
+  const float mn = fmaxf(m2, s2);
+  if (mn == -INFINITY) {
+    l = 0.0f;
+    return 1.0f;
+  }
+  const float ofac = fast_exp2(m2 - mn);
+  l = l * ofac + fast_exp2(s2 - mn);
+  m2 = mn;
+  return ofac;
+}
+
 // Full row sums, the learned sink logit, normalisation, and the O / LSE stores of this thread's
 // two rows (`row` and `row + 8`, relative to the sequence).
 template <class T, int kDT>
 __device__ __forceinline__ void store_output(const FwdParams& p, float (&o)[kDT][4], const float (&row_max)[2],
                                              const float (&row_sum)[2], int q0, int q_len, int row, int h, int t4) {
   using M = MmaType<T>;
-  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+  constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = row_sum[r];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     float m2 = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * p.scale_log2;  // log2 units
-    float ofac = 1.0f;
-    if (p.sink_logits != nullptr) {
-      const float s2 = p.sink_logits[h] * kLog2e;
-      const float mn = fmaxf(m2, s2);
-      if (mn == -INFINITY) {
-        l = 0.0f;
-      } else {
-        ofac = fast_exp2(m2 - mn);
-        l = l * ofac + fast_exp2(s2 - mn);
-        m2 = mn;
-      }
-    }
+    const float ofac = join_sink_logit(p.sink_logits ? p.sink_logits + h : nullptr, m2, l);
     const float inv = l > 0.0f ? ofac / l : 0.0f;
     const int rr = row + r * 8;
     if (rr < q_len) {

@@ -25,6 +25,7 @@
 #include "attention/cuda/decode/decode_params.h"
 #include "attention/cuda/online_softmax.cuh"
 #include "attention/cuda/sm80/ptx.cuh"
+#include "attention/cuda/sm90/ptx90.cuh"
 #include "attention/cuda/tile_range.cuh"
 
 namespace escala::attn::cuda {
@@ -77,37 +78,17 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool v
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
 }
 
-// Hopper: whole rows by the bulk-copy engine (one instruction per row instead of one per 16 bytes),
-// completing on a per-stage mbarrier.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Hopper (sm_90a): whole rows by the bulk-copy engine, or TMA boxes, completing on a per-stage
+// mbarrier (sm90/ptx90.cuh), instead of one cp.async per 16 bytes.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ESCALA_DECODE_BULK 1
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-// One box of a 3-D tensor map {d, kv head, row} (coordinates innermost first): d from 0, one head,
-// kTmaBoxRows rows from `row`.
-__device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap* map, int head, int row, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(head), "r"(row), "r"(bar)
-      : "memory");
-}
+using sm90::bulk_copy;
+using sm90::mbar_arrive_expect_tx;
+using sm90::mbar_wait;
+using sm90::tma_load_3d;
 __device__ __forceinline__ void bar_init(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
+  sm90::mbar_init(bar, 1);
+  sm90::mbar_init_fence();
 }
 #else
 #define ESCALA_DECODE_BULK 0
@@ -302,14 +283,14 @@ __global__ void __launch_bounds__(128)
         for (int bx = 0; bx < kBoxes; ++bx) box_page[bx] = __shfl_sync(0xffffffffu, my_page, bx * Cfg::kTmaBoxRows);
         if (lane == 0) {
           const uint32_t bar = bars + stage * 8;
-          bar_expect(bar, 2 * Cfg::kKeys * Cfg::kRowBytes);
+          mbar_arrive_expect_tx(bar, 2 * Cfg::kKeys * Cfg::kRowBytes);
 #pragma unroll
           for (int bx = 0; bx < kBoxes; ++bx) {
             const int key = key_lo + bx * Cfg::kTmaBoxRows;
             const int row = p.page_size > 0 ? box_page[bx] * p.page_size + key % p.page_size : k0 + key;
             const uint32_t off = bx * Cfg::kTmaBoxRows * Cfg::kRowPitch;
-            tma_box(st + off, &tm_k, hk, row, bar);
-            tma_box(st + Cfg::kTileBytes + off, &tm_v, hk, row, bar);
+            tma_load_3d(st + off, &tm_k, 0, hk, row, bar);
+            tma_load_3d(st + Cfg::kTileBytes + off, &tm_v, 0, hk, row, bar);
           }
         }
 #endif
@@ -317,7 +298,7 @@ __global__ void __launch_bounds__(128)
 #if ESCALA_DECODE_BULK
         // One lane per row (kKeys == 16): lanes 0-15 the K rows, 16-31 the V rows.
         const uint32_t bar = bars + stage * 8;
-        if (lane == 0) bar_expect(bar, 2 * Cfg::kKeys * Cfg::kRowBytes);
+        if (lane == 0) mbar_arrive_expect_tx(bar, 2 * Cfg::kKeys * Cfg::kRowBytes);
         __syncwarp();
         bool ok;
         int64_t slot;
@@ -372,7 +353,7 @@ __global__ void __launch_bounds__(128)
   for (int i = 0; i < my_tiles; ++i) {
     const int stage = i % Cfg::kStages;
 #if ESCALA_DECODE_BULK
-    if (kBulk || tma) bar_wait(bars + stage * 8, (i / Cfg::kStages) & 1);
+    if (kBulk || tma) mbar_wait(bars + stage * 8, (i / Cfg::kStages) & 1);
 #endif
     cp_async_wait<Cfg::kStages - 2>();
     // Wide: every warp's copies of tile i have landed, and every warp is done with tile i - 1.
@@ -536,7 +517,7 @@ __global__ void __launch_bounds__(128)
   }
   __syncthreads();
 
-  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+  constexpr float kLn2 = 0.6931471805599453f;
   for (int idx = threadIdx.x; idx < Cfg::kRows * D / 2; idx += Cfg::kThreads) {
     const int row = idx / (D / 2), d = 2 * (idx % (D / 2));
     const int pr = row0 + row;
@@ -547,18 +528,7 @@ __global__ void __launch_bounds__(128)
     float l = row_l[row];
     float m2 = row_m[row] == -INFINITY ? -INFINITY : row_m[row] * p.scale_log2;  // log2 units
     if (p.num_splits == 1) {
-      float ofac = 1.0f;
-      if (p.sink_logits != nullptr) {
-        const float s2 = p.sink_logits[h] * kLog2e;
-        const float mn = fmaxf(m2, s2);
-        if (mn == -INFINITY) {
-          l = 0.0f;
-        } else {
-          ofac = fast_exp2(m2 - mn);
-          l = l * ofac + fast_exp2(s2 - mn);
-          m2 = mn;
-        }
-      }
+      const float ofac = join_sink_logit(p.sink_logits ? p.sink_logits + h : nullptr, m2, l);
       const float inv = l > 0.0f ? ofac / l : 0.0f;
       T* orow = static_cast<T*>(p.o) + int64_t(q0 + i) * p.o_row_stride + h * p.o_head_stride;
       using OM = MmaType<T>;

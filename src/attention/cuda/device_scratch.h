@@ -1,0 +1,35 @@
+// A device buffer grown on demand and kept: the library's scratch for callers that pass none.
+// Growing frees the old buffer (cudaFree waits for the work still using it), so it must not happen
+// during stream capture: callers that capture pass their own workspace.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <mutex>
+
+namespace escala::attn::cuda {
+
+class DeviceScratch {
+ public:
+  // At least `bytes` of device memory; nullptr (and the error in `err`) when allocation fails.
+  void* get(size_t bytes, cudaError_t& err) {
+    std::lock_guard<std::mutex> lock(mu_);
+    err = cudaSuccess;
+    if (bytes > size_) {
+      if (buf_) cudaFree(buf_);
+      buf_ = nullptr, size_ = 0;
+      err = cudaMalloc(&buf_, bytes);
+      if (err != cudaSuccess) return nullptr;
+      size_ = bytes;
+    }
+    return buf_;
+  }
+
+ private:
+  std::mutex mu_;
+  void* buf_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace escala::attn::cuda
