@@ -114,7 +114,13 @@ def main() -> int:
     ap.add_argument("--flash-attn", choices=["off", "on"], default="off",
                     help="llama.cpp's flash attention (llama-cpp-python's default is off)")
     ap.add_argument("--n-batch", type=int, default=512, help="llama.cpp's batch (prompt chunk) size")
+    ap.add_argument("--omp-spin", default="",
+                    help="GOMP_SPINCOUNT for both runtimes (this script re-executes itself with it, so llama.cpp's "
+                         "OpenMP threads get it too; Escala's own default is 3000)")
     args = ap.parse_args()
+    if args.omp_spin and os.environ.get("GOMP_SPINCOUNT") != args.omp_spin:
+        os.environ["GOMP_SPINCOUNT"] = args.omp_spin
+        os.execv(sys.executable, [sys.executable] + sys.argv)
     try:
         from llama_cpp import Llama
         import llama_cpp
@@ -134,6 +140,7 @@ def main() -> int:
     print(f"model {Path(args.model).name} ({model_bytes / MIB:.1f} MiB), {args.threads} threads, KV {args.kv_type}, "
           f"llama.cpp {llama_cpp.__version__} flash_attn={args.flash_attn} n_batch={args.n_batch}")
     print(f"llama.cpp system info: {sysinfo.strip()}")
+    print(f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', '(unset: libgomp default for llama.cpp; Escala 3000)')}")
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
 
     rows = []
