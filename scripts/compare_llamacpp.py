@@ -76,7 +76,7 @@ def main() -> int:
     except ImportError:
         print("compare_llamacpp: llama_cpp not installed (pip install llama-cpp-python); skipped")
         return 77
-    import numpy as np
+    from llamacpp_greedy import divergence, greedy  # after the check: it needs numpy
 
     import os
 
@@ -89,7 +89,8 @@ def main() -> int:
     if args.f32_activations:
         env["ESCALA_F32_ACTIVATIONS"] = "1"
     llm = Llama(model_path=args.model, n_ctx=1024, n_threads=args.threads, logits_all=True, verbose=False)
-    failures = 0
+    failures = 0         # failed checks (a prompt can fail two)
+    failed_prompts = 0
     logit_failures = 0
     max_logit_diff = 0.0
     ref_esc, ref_lcpp = [], []
@@ -100,34 +101,18 @@ def main() -> int:
                              capture_output=True, text=True, check=True, env=env)
         ours = json.loads(out.stdout)
         ids = ours["prompt_tokens"]
-        llm.reset()
-        llm.eval(ids)
-        ref_tokens, gaps = [], []
-        first_logits = None
-        for _ in range(len(ours["tokens"]) if ours["finish_reason"] == "stop" else args.n):
-            logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-            if first_logits is None:
-                first_logits = logits
-            order = np.argsort(-logits)
-            gaps.append(float(logits[order[0]] - logits[order[1]]))
-            tok = int(order[0])
-            if tok == llm.token_eos():
-                break
-            ref_tokens.append(tok)
-            llm.eval([tok])
+        steps = len(ours["tokens"]) if ours["finish_reason"] == "stop" else args.n
+        ref_tokens, gaps, first_logits = greedy(llm, ids, steps)
         diffs = [abs(first_logits[i] - v) for i, v in ours["first_logits_top"]]
         max_logit_diff = max(max_logit_diff, max(diffs))
-        n_same = 0
-        while n_same < min(len(ref_tokens), len(ours["tokens"])) and ref_tokens[n_same] == ours["tokens"][n_same]:
-            n_same += 1
-        same = ref_tokens == ours["tokens"]
+        failures_before = failures
+        at, gap, near_tie = divergence(ref_tokens, ours["tokens"], gaps, args.tie)
         status = "identical"
-        if not same:
-            gap = gaps[n_same] if n_same < len(gaps) else float("inf")
-            if gap < args.tie:
-                status = f"diverges at {n_same} after a near-tie (gap {gap:.3f})"
+        if at is not None:
+            if near_tie:
+                status = f"diverges at {at} after a near-tie (gap {gap:.3f})"
             else:
-                status = f"DIVERGES at {n_same} (gap {gap:.3f})"
+                status = f"DIVERGES at {at} (gap {gap:.3f})"
                 failures += 1
         if max(diffs) > args.logit_tol:
             status += f"; first logits differ by {max(diffs):.3f}"
@@ -135,6 +120,7 @@ def main() -> int:
                 failures += 1
             else:
                 logit_failures += 1  # judged against the reference below
+        failed_prompts += failures > failures_before
         refs = ""
         if ref is not None:
             r = ref.logits(ids)
@@ -145,7 +131,7 @@ def main() -> int:
             refs = f"  vs float64: Escala {e:.4f} llama.cpp {l:.4f}"
         print(f"{prompt[:40]!r:44} {len(ours['tokens']):3} tokens  max|dlogit| {max(diffs):.4f}{refs}  {status}",
               flush=True)
-    print(f"\n{len(prompts)} prompts x {args.n} tokens: {len(prompts) - failures} pass, max first-position "
+    print(f"\n{len(prompts)} prompts x {args.n} tokens: {len(prompts) - failed_prompts} pass, max first-position "
           f"logit difference {max_logit_diff:.4f} (tolerance {args.logit_tol})")
     if ref is not None:
         me, ml = sum(ref_esc) / len(ref_esc), sum(ref_lcpp) / len(ref_lcpp)

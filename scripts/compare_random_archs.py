@@ -71,7 +71,7 @@ def main() -> int:
     except ImportError:
         print("compare_random_archs: llama_cpp not installed (pip install llama-cpp-python); skipped")
         return 77
-    import numpy as np
+    from llamacpp_greedy import divergence, greedy  # after the check: it needs numpy
 
     tols = dict(kv.split("=") for kv in args.logit_tol.split(","))
     tols = {k: float(v) for k, v in tols.items()}
@@ -116,33 +116,18 @@ def main() -> int:
                 ours = json.loads(out.stdout)
                 ids = ours["prompt_tokens"]
                 distinct.append(len(set(ours["tokens"])))
-                llm.reset()
-                llm.eval(ids)
-                ref_tokens, gaps, first = [], [], None
-                for _ in range(len(ours["tokens"]) if ours["finish_reason"] == "stop" else args.n):
-                    logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-                    if first is None:
-                        first = logits
-                    order = np.argsort(-logits)
-                    gaps.append(float(logits[order[0]] - logits[order[1]]))
-                    tok = int(order[0])
-                    if tok == llm.token_eos():
-                        break
-                    ref_tokens.append(tok)
-                    llm.eval([tok])
+                steps = len(ours["tokens"]) if ours["finish_reason"] == "stop" else args.n
+                ref_tokens, gaps, first = greedy(llm, ids, steps)
                 d = max(abs(first[i] - v) for i, v in ours["first_logits_top"])
                 worst = max(worst, d)
-                same = 0
-                while same < min(len(ref_tokens), len(ours["tokens"])) and ref_tokens[same] == ours["tokens"][same]:
-                    same += 1
+                at, gap, near_tie = divergence(ref_tokens, ours["tokens"], gaps, args.tie)
                 status = "identical"
-                if ref_tokens != ours["tokens"]:
-                    gap = gaps[same] if same < len(gaps) else float("inf")
-                    if gap < args.tie:
-                        status = f"diverges at {same} after a near-tie (gap {gap:.4f})"
+                if at is not None:
+                    if near_tie:
+                        status = f"diverges at {at} after a near-tie (gap {gap:.4f})"
                         n_tie += 1
                     else:
-                        status = f"DIVERGES at {same} (gap {gap:.4f})"
+                        status = f"DIVERGES at {at} (gap {gap:.4f})"
                         n_fail += 1
                 else:
                     n_identical += 1
