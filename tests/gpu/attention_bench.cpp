@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,21 +28,11 @@ struct Shape {
 };
 
 bool parse_shape(const std::string& spec, Shape& s) {
-  std::stringstream ss(spec);
-  std::string tok;
-  bool first = true;
-  while (std::getline(ss, tok, ',')) {
-    if (first) {
-      s.name = tok, first = false;
-      continue;
-    }
-    const auto eq = tok.find('=');
-    if (eq == std::string::npos) return false;
-    const std::string k = tok.substr(0, eq), v = tok.substr(eq + 1);
+  const bool ok = parse_spec(spec, s.name, [&s](const std::string& k, const std::string& v) {
     if (k == "dtype") {
       if (v != "bf16" && v != "f16") return false;
       s.dt = v == "bf16" ? DType::kBF16 : DType::kF16;
-      continue;
+      return true;
     }
     const int x = std::atoi(v.c_str());
     if (k == "B") s.B = x;
@@ -57,9 +46,10 @@ bool parse_shape(const std::string& spec, Shape& s) {
     else if (k == "wr") s.wr = x;
     else if (k == "sinks") s.sinks = x;
     else return false;
-  }
+    return true;
+  });
   if (s.Sk == 0) s.Sk = s.S;
-  return !first;
+  return ok;
 }
 
 // Visible (query, key) pairs of one sequence, from the one Mask definition.

@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -80,24 +79,14 @@ struct Spec {
 };
 
 bool parse(const std::string& text, Spec& s) {
-  std::stringstream ss(text);
-  std::string tok;
-  bool first = true;
-  while (std::getline(ss, tok, ',')) {
-    if (first) {
-      s.name = tok, first = false;
-      continue;
-    }
-    const auto eq = tok.find('=');
-    if (eq == std::string::npos) return false;
-    const std::string k = tok.substr(0, eq), v = tok.substr(eq + 1);
+  const bool ok = parse_spec(text, s.name, [&s](const std::string& k, const std::string& v) {
     if (k == "kv") {
       if (v == "bf16") s.kv = DType::kBF16;
       else if (v == "f16") s.kv = DType::kF16;
       else if (v == "i8") s.kv = DType::kI8;
       else if (v == "fp8") s.kv = DType::kFp8E4M3;
       else return false;
-      continue;
+      return true;
     }
     const int x = std::atoi(v.c_str());
     if (k == "B") s.B = x;
@@ -111,8 +100,9 @@ bool parse(const std::string& text, Spec& s) {
     else if (k == "prefix") s.prefix = x;
     else if (k == "hnd") s.hnd = x;
     else return false;
-  }
-  return !first && s.B > 0 && s.T > 0 && s.h > 0 && s.hk > 0 && s.d > 0 && s.q > 0;
+    return true;
+  });
+  return ok && s.B > 0 && s.T > 0 && s.h > 0 && s.hk > 0 && s.d > 0 && s.q > 0;
 }
 
 // Median over `reps` samples of the time per call, each sample timing `inner` back-to-back calls

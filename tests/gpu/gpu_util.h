@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "common/numeric.h"
@@ -81,6 +83,20 @@ inline void fast_random_half(uint16_t* v, size_t n, DType t, uint64_t seed) {
     const float f = (static_cast<float>(s >> 40) + 0.5f) * (2.0f / 16777216.0f) - 1.0f;
     v[i] = t == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f);
   }
+}
+
+// A benchmark spec "name,key=value,...": sets `name`, then calls field(key, value) for each pair.
+// False when the spec is empty, a pair has no '=', or `field` rejects a pair.
+template <class Field>
+bool parse_spec(const std::string& spec, std::string& name, Field&& field) {
+  std::stringstream ss(spec);
+  std::string tok;
+  if (!std::getline(ss, name, ',')) return false;
+  while (std::getline(ss, tok, ',')) {
+    const auto eq = tok.find('=');
+    if (eq == std::string::npos || !field(tok.substr(0, eq), tok.substr(eq + 1))) return false;
+  }
+  return true;
 }
 
 inline float half_to_float(uint16_t h, DType t) { return t == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h); }
