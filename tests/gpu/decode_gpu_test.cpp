@@ -233,22 +233,7 @@ void reference(const DecCase& c, const Problem& pr, const KvData& kv, std::vecto
   AttentionParams hp = base_params(c, pr);
   kv.bind(hp, c.page_size, false);
   hp.k_head_stride = hp.v_head_stride = c.d;
-  std::vector<float> kd(pr.tk * c.hk * c.d), vd(pr.tk * c.hk * c.d);
-  for (int b = 0; b < hp.batch; ++b) {
-    const attn::KvSeq ks = attn::make_kv_seq(hp, b, false), vs = attn::make_kv_seq(hp, b, true);
-    for (int t = 0; t < c.kv_lens[b]; ++t)
-      for (int h = 0; h < c.hk; ++h)
-        for (int x = 0; x < c.d; ++x) {
-          const size_t i = ((pr.cu_k[b] + t) * int64_t(c.hk) + h) * c.d + x;
-          kd[i] = ks.load(t, h, x), vd[i] = vs.load(t, h, x);
-        }
-  }
-  AttentionParams r = base_params(c, pr);
-  r.kv_dtype = DType::kF32;
-  r.k = kd.data(), r.v = vd.data();
-  r.k_row_stride = r.v_row_stride = int64_t(c.hk) * c.d, r.k_head_stride = r.v_head_stride = c.d;
-  o_ref.assign(pr.tq * c.h * c.d, 0.0f), lse_ref.assign(pr.tq * c.h, 0.0f);
-  parallel_reference(r, o_ref, lse_ref, pr.tq);
+  reference_over_stored_kv(hp, o_ref, lse_ref);
 }
 
 struct DeviceProblem {
@@ -434,21 +419,7 @@ TEST(DecodeCuda, CudaGraphReplaysWithNewLengths) {
     AttentionParams hp = base_params(cc, p2);
     kv.bind(hp, c.page_size, false);
     hp.k_head_stride = hp.v_head_stride = c.d;
-    std::vector<float> kd(p2.tk ? p2.cu_k[3] * c.hk * c.d : 0), vd(kd.size());
-    for (int b = 0; b < 3; ++b) {
-      const attn::KvSeq ks = attn::make_kv_seq(hp, b, false), vs = attn::make_kv_seq(hp, b, true);
-      for (int t = 0; t < lens[b]; ++t)
-        for (int h = 0; h < c.hk; ++h)
-          for (int x = 0; x < c.d; ++x) {
-            const size_t i = ((p2.cu_k[b] + t) * int64_t(c.hk) + h) * c.d + x;
-            kd[i] = ks.load(t, h, x), vd[i] = vs.load(t, h, x);
-          }
-    }
-    AttentionParams r = base_params(cc, p2);
-    r.kv_dtype = DType::kF32, r.k = kd.data(), r.v = vd.data();
-    r.k_row_stride = r.v_row_stride = int64_t(c.hk) * c.d, r.k_head_stride = r.v_head_stride = c.d;
-    o_ref.assign(p2.tq * c.h * c.d, 0.0f), lse_ref.assign(p2.tq * c.h, 0.0f);
-    parallel_reference(r, o_ref, lse_ref, p2.tq);
+    reference_over_stored_kv(hp, o_ref, lse_ref);
 
     dp.dck.upload(p2.cu_k);
     GPU_CHECK(cudaMemset(dp.d_o.get(), 0xff, dp.d_o.bytes()));
@@ -505,21 +476,8 @@ TEST(DecodeCuda, CascadeSharedPrefixEqualsFullSequences) {
       kv.bind(hp, page, false);
       hp.k_head_stride = hp.v_head_stride = c.d;
       hp.page_indptr = ind_full.data(), hp.page_indices = pages_full.data();
-      std::vector<float> kd(static_cast<size_t>(cu_full[B]) * c.hk * c.d), vd(kd.size());
-      for (int b = 0; b < B; ++b) {
-        const attn::KvSeq ks = attn::make_kv_seq(hp, b, false), vs = attn::make_kv_seq(hp, b, true);
-        for (int t = 0; t < P + own[b]; ++t)
-          for (int hh = 0; hh < c.hk; ++hh)
-            for (int x = 0; x < c.d; ++x) {
-              const size_t i = ((cu_full[b] + t) * int64_t(c.hk) + hh) * c.d + x;
-              kd[i] = ks.load(t, hh, x), vd[i] = vs.load(t, hh, x);
-            }
-      }
-      AttentionParams r = hp;
-      r.page_size = 0, r.kv_dtype = DType::kF32, r.k = kd.data(), r.v = vd.data(), r.k_scale = r.v_scale = nullptr;
-      r.k_row_stride = r.v_row_stride = int64_t(c.hk) * c.d;
-      std::vector<float> o_ref(tq * c.h * c.d), lse_ref(tq * c.h);
-      parallel_reference(r, o_ref, lse_ref, tq);
+      std::vector<float> o_ref, lse_ref;
+      reference_over_stored_kv(hp, o_ref, lse_ref);
 
       // Device: each sequence's own pages, plus the prefix.
       DeviceBuffer dq(tq * c.h * c.d * 2), d_o(tq * c.h * c.d * 2), d_lse(tq * c.h * 4), dcq((B + 1) * 4),

@@ -8,7 +8,6 @@
 #include <random>
 #include <vector>
 
-#include "attention/kv_layout.h"
 #include "escala/attention_cuda.h"
 #include "escala/kv_cache.h"
 #include "escala/kv_device.h"
@@ -114,22 +113,8 @@ void check_attention(Mirror& m, const std::vector<kv::SeqId>& seqs) {
     hp.page_indptr = batch->page_indptr[0].data(), hp.page_indices = batch->page_indices[0].data();
     // Reference on dequantized contiguous copies (hadamard: queries are not rotated here, so the
     // reference sees the same rotated keys the kernel does).
-    const int64_t tk = batch->cu_seqlens_k[0][B];
-    std::vector<float> kd(tk * m.cfg.num_kv_heads * d), vd(kd.size());
-    for (int b = 0; b < B; ++b) {
-      const attn::KvSeq ks = attn::make_kv_seq(hp, b, false), vs = attn::make_kv_seq(hp, b, true);
-      for (int t = 0; t < batch->cu_seqlens_k[0][b + 1] - batch->cu_seqlens_k[0][b]; ++t)
-        for (int hh = 0; hh < m.cfg.num_kv_heads; ++hh)
-          for (int x = 0; x < d; ++x) {
-            const size_t i = ((batch->cu_seqlens_k[0][b] + t) * int64_t(m.cfg.num_kv_heads) + hh) * d + x;
-            kd[i] = ks.load(t, hh, x), vd[i] = vs.load(t, hh, x);
-          }
-    }
-    attn::AttentionParams r = hp;
-    r.page_size = 0, r.kv_dtype = DType::kF32, r.k = kd.data(), r.v = vd.data(), r.k_scale = r.v_scale = nullptr;
-    r.k_row_stride = r.v_row_stride = int64_t(m.cfg.num_kv_heads) * d, r.k_head_stride = r.v_head_stride = d;
-    std::vector<float> o_ref(size_t(B) * h * d), lse_ref(size_t(B) * h);
-    parallel_reference(r, o_ref, lse_ref, B);
+    std::vector<float> o_ref, lse_ref;
+    reference_over_stored_kv(hp, o_ref, lse_ref);
 
     attn::AttentionParams g = hp;
     ASSERT_TRUE(m.pool->bind(layer, g).ok());

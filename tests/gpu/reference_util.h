@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "attention/kv_layout.h"
 #include "attention/reference.h"
 #include "escala/attention.h"
 #include "gpu_util.h"
@@ -56,6 +57,31 @@ inline void parallel_reference(const AttentionParams& p, std::vector<float>& o_r
   }
   for (int h = 0; h < p.num_heads; ++h)
     for (int64_t i = 0; i < total_q; ++i) lse_ref[i * p.num_heads + h] = lse_h[h][i];
+}
+
+// The reference over K/V as a kernel reads them: `hp` (host pointers, host cu_seqlens) may be paged
+// and quantized; its K/V are dequantized into contiguous f32 rows (exactly the values a kernel
+// reads) and the double-precision reference runs on those. O and LSE are sized here.
+inline void reference_over_stored_kv(const AttentionParams& hp, std::vector<float>& o_ref,
+                                     std::vector<float>& lse_ref) {
+  const int hk = hp.num_kv_heads, d = hp.head_dim;
+  const int64_t tk = hp.cu_seqlens_k[hp.batch], tq = hp.cu_seqlens_q[hp.batch];
+  std::vector<float> kd(size_t(tk) * hk * d), vd(kd.size());
+  for (int b = 0; b < hp.batch; ++b) {
+    const attn::KvSeq ks = attn::make_kv_seq(hp, b, false), vs = attn::make_kv_seq(hp, b, true);
+    for (int t = 0; t < hp.cu_seqlens_k[b + 1] - hp.cu_seqlens_k[b]; ++t)
+      for (int h = 0; h < hk; ++h)
+        for (int x = 0; x < d; ++x) {
+          const size_t i = ((hp.cu_seqlens_k[b] + t) * int64_t(hk) + h) * d + x;
+          kd[i] = ks.load(t, h, x), vd[i] = vs.load(t, h, x);
+        }
+  }
+  AttentionParams r = hp;
+  r.page_size = 0, r.page_indptr = r.page_indices = nullptr;
+  r.kv_dtype = DType::kF32, r.k = kd.data(), r.v = vd.data(), r.k_scale = r.v_scale = nullptr;
+  r.k_row_stride = r.v_row_stride = int64_t(hk) * d, r.k_head_stride = r.v_head_stride = d;
+  o_ref.assign(size_t(tq) * hp.num_heads * d, 0.0f), lse_ref.assign(size_t(tq) * hp.num_heads, 0.0f);
+  parallel_reference(r, o_ref, lse_ref, tq);
 }
 
 // Checks a GPU result (O as half bits of `dt`, LSE as float) against the reference: every element
