@@ -77,10 +77,11 @@ Status check_decode(const AttentionParams& p) {
   if (p.page_size > 0 && (!p.page_indptr || !p.page_indices)) return fail("paged K/V need page_indptr and page_indices");
   // Rows are read in 16-byte chunks.
   const int64_t per16 = quant ? 16 : 8;
-  std::vector<int64_t> strides = {p.k_row_stride, p.k_head_stride, p.v_row_stride, p.v_head_stride};
-  if (p.page_size > 0) strides.push_back(p.k_page_stride), strides.push_back(p.v_page_stride);
-  for (int64_t s : strides)
-    if (s <= 0 || s % per16 != 0)
+  const int64_t strides[] = {p.k_row_stride, p.k_head_stride, p.v_row_stride, p.v_head_stride,
+                             p.k_page_stride, p.v_page_stride};
+  const int checked = p.page_size > 0 ? 6 : 4;  // page strides only matter when paged
+  for (int i = 0; i < checked; ++i)
+    if (strides[i] <= 0 || strides[i] % per16 != 0)
       return fail("K/V strides must be positive multiples of " + std::to_string(per16) + " elements");
   return {};
 }
