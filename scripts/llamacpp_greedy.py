@@ -3,10 +3,12 @@ Escala with llama.cpp (compare_llamacpp.py, compare_random_archs.py)."""
 import numpy as np
 
 
-def greedy(llm, ids, steps):
+def greedy(llm, ids, steps, is_end=None, top=None):
     """Evaluates prompt `ids` in llama-cpp-python's `llm` (made with logits_all=True) and continues
-    greedily for up to `steps` tokens, stopping at end-of-text. Returns (tokens, top-2 logit gap at
-    each step, logits of the first generated position as float64)."""
+    greedily for up to `steps` tokens, stopping at end-of-text (or where `is_end(token)` is true, when
+    given). Returns (tokens, top-2 logit gap at each step, logits of the first generated position as
+    float64); the end token is not in the tokens but its step's gap is. When `top` is a list, each
+    step's argmax token (the end token included) is appended to it."""
     llm.reset()
     llm.eval(ids)
     tokens, gaps, first = [], [], None
@@ -17,7 +19,9 @@ def greedy(llm, ids, steps):
         order = np.argsort(-logits)
         gaps.append(float(logits[order[0]] - logits[order[1]]))
         tok = int(order[0])
-        if tok == llm.token_eos():
+        if top is not None:
+            top.append(tok)
+        if (is_end(tok) if is_end is not None else tok == llm.token_eos()):
             break
         tokens.append(tok)
         llm.eval([tok])
