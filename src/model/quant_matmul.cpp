@@ -426,7 +426,8 @@ Status matmul(const WeightView& w_in, const float* x, int64_t m, float* y, int t
   const int nthreads = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(threads > 0 ? threads : omp_get_max_threads(), work / kMinWork)));
   // Chunks of rows small enough to balance, large enough to amortize the dispatch.
-  const int64_t chunk = std::max<int64_t>(4, std::min<int64_t>(64, rows / (4 * nthreads) + 1));
+  // Multiples of 16 rows: the VNNI kernels work on slabs of 16 weight rows.
+  const int64_t chunk = (std::min<int64_t>(64, rows / (4 * nthreads) + 1) + 15) / 16 * 16;
   const int64_t nchunks = (rows + chunk - 1) / chunk;
 
   if (f32_activations() && is_quantized(w_in.type)) {
@@ -520,7 +521,7 @@ Status matmul_group(std::span<const WeightView> ws, const float* x, int64_t m, s
   constexpr int64_t kMinWork = 1 << 16;  // as in matmul()
   const int nthreads = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(threads > 0 ? threads : omp_get_max_threads(), rows_total * cols * m / kMinWork)));
-  const int64_t chunk = std::max<int64_t>(4, std::min<int64_t>(64, rows_total / (4 * nthreads) + 1));
+  const int64_t chunk = (std::min<int64_t>(64, rows_total / (4 * nthreads) + 1) + 15) / 16 * 16;  // as in matmul()
   // Chunks of every weight, in one list: (weight, first row).
   thread_local std::vector<std::pair<int32_t, int64_t>> chunks;
   thread_local std::vector<WeightView> views;

@@ -49,15 +49,14 @@ Status matmul_group(std::span<const WeightView> ws, const float* x, int64_t m, s
 
 // ---- AVX-512 VNNI path (quant_matmul_vnni.cpp) for q4_0, q4_1, q8_0, q4_K and q6_K ----
 //
-// Activations as int8 in pairs of blocks laid out [b0 0-15, b1 0-15, b0 16-31, b1 16-31], the
-// order in which a pair of q4 blocks' nibbles unpack, so one vpdpbusd covers 64 products.
+// Activations as int8 in natural order, one scale per 32 elements (llama.cpp's q8_0 with the
+// block sums of q8_1).
 struct VnniActs {
   int64_t m = 0;
-  int64_t nb = 0;       // 32-element blocks per row
-  int64_t nb_pad = 0;   // nb rounded up to 16 (the scale arrays are read 16 at a time)
-  std::vector<int8_t> q;  // m * nb_pad * 32
-  std::vector<float> d;   // m * nb_pad: activation scale per block
-  std::vector<float> s;   // m * nb_pad: scale * sum of levels per block
+  int64_t nb = 0;         // 32-element blocks per row
+  std::vector<int8_t> q;  // m * nb * 32
+  std::vector<float> d;   // m * nb: activation scale per block
+  std::vector<float> s;   // m * nb: scale * sum of levels per block
 };
 
 // For q4_K and q6_K: int8 activations in natural order, one scale per 256 (llama.cpp's q8_K).

@@ -1,20 +1,19 @@
-// AVX-512 VNNI kernels for the 32-element formats q4_0, q4_1 and q8_0, chosen at run time
-// (cpuid) ahead of the portable Highway kernels in quant_matmul.cpp.
+// AVX-512 VNNI kernels for q4_0, q4_1, q8_0, q4_K and q6_K, chosen at run time (cpuid) ahead of
+// the portable Highway kernels in quant_matmul.cpp.
 //
 // Highway 1.0.3 has no 8-bit dot product and gates its AVX3_DL target behind a macro that would
 // change the dispatch tables of every Highway user in the binary, so this one file uses
 // intrinsics under a function-level target attribute instead.
 //
-// All three formats are handled as "unsigned bytes u times int8 activations": q4 nibbles are
+// The 32-element formats are handled as "unsigned bytes u times int8 activations": q4 nibbles are
 // 0..15 already, q8_0 levels are shifted by +128. With the activation block sums s = d_a * sum(a),
 //   y += d_w * d_a * dot(u, a) + m_w * s,   m_w = m (q4_1), -8 d_w (q4_0), -128 d_w (q8_0).
-// vpdpbusd does 64 u8 x s8 products per instruction: one pair of blocks. The per-block float
-// scales of 16 blocks are built at once (a gather of the f16 fields), then spread to the lanes
-// of each pair with a permute.
+// Their kernels put 16 weight rows in the 16 lanes (see pack_slab).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 
 #include "model/quant_blocks.h"
@@ -55,151 +54,180 @@ constexpr int64_t kBytes = K == Kind::kQ4_0 ? 18 : K == Kind::kQ4_1 ? 20 : 34;
 template <Kind K>
 constexpr int64_t kQsOffset = K == Kind::kQ4_1 ? 4 : 2;
 
-// The 64 unsigned weight bytes of blocks b0 and b0+1 (zeros when the second is absent), in the
-// activation layout [b0 0-15, b1 0-15, b0 16-31, b1 16-31].
+// ---- q4_0, q4_1, q8_0: 16 weight rows in the 16 lanes ----
+//
+// A slab of 16 weight rows is transposed once per call into `kPackedBlock` bytes per block:
+// eight vectors of unsigned bytes, vector j holding bytes 4j..4j+3 of the block's levels in
+// natural element order for each of the 16 rows (lane n = row n), then the rows' 16 weight scales
+// d_w and offsets m_w as floats. Against that, vpdpbusd with one activation dword broadcast to
+// every lane accumulates a whole block's integer dot product per lane in 8 instructions, so the
+// float work per block and activation row is one convert, one multiply and two FMAs for 16 output
+// rows, and the unpacking/transposing of the weights is paid once per slab however many
+// activation rows use it.
+//
+// Every output element is accumulated in the same order whatever m and whichever microkernel
+// width computes it: acc = 0; for each block b in order: acc = fma(float(isum_b), d_w * d_a, acc);
+// acc = fma(m_w, s_a, acc). Integer sums are exact, so a row's result is bit-identical alone or
+// in any batch.
+constexpr int kSlab = 16;
+constexpr int64_t kPackedBlock = 8 * 64 + 2 * 64;
+
+// 4x4 transpose of dwords inside each 128-bit lane of a0..a3.
+ESCALA_VNNI_TARGET inline void transpose4(__m512i a0, __m512i a1, __m512i a2, __m512i a3, __m512i v[4]) {
+  const __m512i t0 = _mm512_unpacklo_epi32(a0, a1), t1 = _mm512_unpackhi_epi32(a0, a1);
+  const __m512i t2 = _mm512_unpacklo_epi32(a2, a3), t3 = _mm512_unpackhi_epi32(a2, a3);
+  v[0] = _mm512_unpacklo_epi64(t0, t2);
+  v[1] = _mm512_unpackhi_epi64(t0, t2);
+  v[2] = _mm512_unpacklo_epi64(t1, t3);
+  v[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+ESCALA_VNNI_TARGET inline __m128i load128(const uint8_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+ESCALA_VNNI_TARGET inline __m256i load256(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// Rows rp[0..15] (pointers to row starts; rows past the end repeat the last one), `off` the byte
+// offset of each row from rp[0] (for the scale gather), nb blocks, into `out`.
 template <Kind K>
-ESCALA_VNNI_TARGET inline __m512i load_pair(const uint8_t* b0, bool has_b1) {
-  if constexpr (K == Kind::kQ8_0) {
-    __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2));
-    __m256i w1 = has_b1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 34 + 2))
-                        : _mm256_setzero_si256();
-    __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
-    w = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 4, 5, 2, 3, 6, 7), w);
-    return _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80)));
-  } else {
-    __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + kQsOffset<K>));
-    __m128i q1 = has_b1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + kBytes<K> + kQsOffset<K>))
-                        : _mm_setzero_si128();
-    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
-    const __m256i mask = _mm256_set1_epi8(0x0f);
-    __m256i lo = _mm256_and_si256(v, mask);
-    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+ESCALA_VNNI_TARGET void pack_slab(const uint8_t* const* rp, __m512i off, int64_t nb, uint8_t* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  for (int64_t b = 0; b < nb; ++b, out += kPackedBlock) {
+    const int64_t at = b * kBytes<K> + kQsOffset<K>;
+    if constexpr (K == Kind::kQ8_0) {
+      // Rows j and 8 + j in the two halves; an 8x8 dword transpose inside each half.
+      __m512i bj[8];
+      for (int j = 0; j < 8; ++j)
+        bj[j] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(rp[j] + at)), load256(rp[8 + j] + at), 1);
+      __m512i u[8];
+      transpose4(bj[0], bj[1], bj[2], bj[3], u);
+      transpose4(bj[4], bj[5], bj[6], bj[7], u + 4);
+      // u[c] (c < 4): in 128-bit lane L of each half, rows 0-3 of dword 4L + c; u[4 + c]: rows 4-7.
+      const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+      const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+      for (int c = 0; c < 4; ++c) {
+        const __m512i w0 = _mm512_permutex2var_epi64(u[c], lo, u[4 + c]);
+        const __m512i w1 = _mm512_permutex2var_epi64(u[c], hi, u[4 + c]);
+        _mm512_store_si512(out + 64 * c, _mm512_xor_si512(w0, flip));
+        _mm512_store_si512(out + 64 * (4 + c), _mm512_xor_si512(w1, flip));
+      }
+    } else {
+      // 128-bit lane k of a[i] is row 4k + i, so after the transpose lane 4k + i is row 4k + i.
+      __m512i a[4];
+      for (int i = 0; i < 4; ++i) {
+        __m512i v = _mm512_castsi128_si512(load128(rp[i] + at));
+        v = _mm512_inserti32x4(v, load128(rp[4 + i] + at), 1);
+        v = _mm512_inserti32x4(v, load128(rp[8 + i] + at), 2);
+        a[i] = _mm512_inserti32x4(v, load128(rp[12 + i] + at), 3);
+      }
+      __m512i v[4];
+      transpose4(a[0], a[1], a[2], a[3], v);
+      // Byte i of qs holds element i (low nibble) and i + 16 (high nibble).
+      for (int c = 0; c < 4; ++c) {
+        _mm512_store_si512(out + 64 * c, _mm512_and_si512(v[c], m4));
+        _mm512_store_si512(out + 64 * (4 + c), _mm512_and_si512(_mm512_srli_epi16(v[c], 4), m4));
+      }
+    }
+    // d (and q4_1's m) are the block's first 4 bytes.
+    const __m512i g = _mm512_i32gather_epi32(off, rp[0] + b * kBytes<K>, 1);
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+    __m512 mw;
+    if constexpr (K == Kind::kQ4_1) {
+      mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+    } else {
+      mw = _mm512_mul_ps(dw, _mm512_set1_ps(K == Kind::kQ4_0 ? -8.0f : -128.0f));
+    }
+    _mm512_store_ps(reinterpret_cast<float*>(out + 512), dw);
+    _mm512_store_ps(reinterpret_cast<float*>(out + 576), mw);
   }
 }
 
-// Weight scale and offset of `count` (<= 16) blocks starting at `blk`.
-template <Kind K>
-ESCALA_VNNI_TARGET inline void block_scales(const uint8_t* blk, int count, __m512& dw, __m512& mw) {
-  // Lanes past `count` are masked off (not read) and stay zero.
-  const __m512i idx = _mm512_mullo_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-      _mm512_set1_epi32(static_cast<int>(kBytes<K>)));
-  const __mmask16 live = static_cast<__mmask16>((1u << count) - 1u);
-  const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, idx, blk, 1);
-  dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-  if constexpr (K == Kind::kQ4_1) {
-    mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
-  } else {
-    mw = _mm512_mul_ps(dw, _mm512_set1_ps(K == Kind::kQ4_0 ? -8.0f : -128.0f));
-  }
+ESCALA_VNNI_TARGET inline __m512i bcast32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
 }
 
-template <Kind K, int R>
-ESCALA_VNNI_TARGET void dot_rows(const uint8_t* row, const VnniActs& a, int64_t t0, float* out) {
-  // Two float accumulators per row (even and odd pairs) so consecutive FMAs do not wait on
-  // each other's latency.
-  __m512 facc[R][2], macc[R];
-  for (int r = 0; r < R; ++r) facc[r][0] = facc[r][1] = macc[r] = _mm512_setzero_ps();
-  // Lane l of a pair's products belongs to block 2p + ((l / 4) & 1).
-  const __m512i pattern = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
-  for (int64_t g = 0; g < a.nb; g += 16) {
-    const int count = static_cast<int>(std::min<int64_t>(16, a.nb - g));
-    const uint8_t* blk = row + g * kBytes<K>;
-    __m512 dw, mw;
-    block_scales<K>(blk, count, dw, mw);
-    __m512 scale[R];
+// R activation rows from t0 against a packed slab; y + t * ystride is activation row t's output
+// for the slab's first weight row; `live` masks the slab's valid rows.
+template <int R>
+ESCALA_VNNI_TARGET void slab_rows(const uint8_t* pk, const VnniActs& a, int64_t t0, float* y,
+                                  int64_t ystride, __mmask16 live) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t nb = a.nb;
+  for (int64_t b = 0; b < nb; ++b, pk += kPackedBlock) {
+    __m512i w[8];
+    for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(pk + 64 * j);
+    const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(pk + 512));
+    const __m512 mw = _mm512_load_ps(reinterpret_cast<const float*>(pk + 576));
     for (int r = 0; r < R; ++r) {
-      const int64_t at = (t0 + r) * a.nb_pad + g;
-      scale[r] = _mm512_mul_ps(dw, _mm512_loadu_ps(a.d.data() + at));
-      macc[r] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a.s.data() + at), macc[r]);
-    }
-    for (int p = 0; 2 * p < count; ++p) {
-      const __m512i w = load_pair<K>(blk + 2 * p * kBytes<K>, 2 * p + 1 < count);
-      const __m512i idx = _mm512_add_epi32(pattern, _mm512_set1_epi32(2 * p));
-      for (int r = 0; r < R; ++r) {
-        const int8_t* aq = a.q.data() + ((t0 + r) * a.nb_pad + g) * 32 + 64 * p;
-        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(aq));
-        facc[r][p & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, scale[r]),
-                                         facc[r][p & 1]);
-      }
+      const int64_t at = (t0 + r) * nb + b;
+      const int8_t* aq = a.q.data() + at * 32;
+      // Two chains of four so the dependent vpdpbusd latencies overlap.
+      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast32(aq));
+      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast32(aq + 4));
+      s0 = _mm512_dpbusd_epi32(s0, w[2], bcast32(aq + 8));
+      s1 = _mm512_dpbusd_epi32(s1, w[3], bcast32(aq + 12));
+      s0 = _mm512_dpbusd_epi32(s0, w[4], bcast32(aq + 16));
+      s1 = _mm512_dpbusd_epi32(s1, w[5], bcast32(aq + 20));
+      s0 = _mm512_dpbusd_epi32(s0, w[6], bcast32(aq + 24));
+      s1 = _mm512_dpbusd_epi32(s1, w[7], bcast32(aq + 28));
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.d[static_cast<size_t>(at)]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[r]);
+      acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s[static_cast<size_t>(at)]), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(facc[r][0], facc[r][1]), macc[r]));
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (t0 + r) * ystride, live, acc[r]);
 }
 
-// NR weight rows against one activation row (decode): the rows' loads and scale gathers are
-// independent, so NR streams are in flight at once and the FMA chains interleave; the activation
-// pair is loaded once for all NR rows.
-template <Kind K, int NR>
-ESCALA_VNNI_TARGET void dot_wrows(const uint8_t* row0, int64_t stride, const VnniActs& a, int64_t t, float* out) {
-  // Accumulated exactly as dot_rows does (even/odd pairs, offsets last), so that a decode step
-  // gives bit for bit what the same token gives inside a batch.
-  __m512 facc[NR][2], macc[NR];
-  for (int n = 0; n < NR; ++n) facc[n][0] = facc[n][1] = macc[n] = _mm512_setzero_ps();
-  const __m512i pattern = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
-  for (int64_t g = 0; g < a.nb; g += 16) {
-    const int count = static_cast<int>(std::min<int64_t>(16, a.nb - g));
-    const int64_t at = t * a.nb_pad + g;
-    const __m512 ad = _mm512_loadu_ps(a.d.data() + at), as = _mm512_loadu_ps(a.s.data() + at);
-    __m512 scale[NR];
-    for (int n = 0; n < NR; ++n) {
-      __m512 dw, mw;
-      block_scales<K>(row0 + n * stride + g * kBytes<K>, count, dw, mw);
-      scale[n] = _mm512_mul_ps(dw, ad);
-      macc[n] = _mm512_fmadd_ps(mw, as, macc[n]);
+struct AlignedBuf {
+  uint8_t* p = nullptr;
+  size_t cap = 0;
+  ~AlignedBuf() { std::free(p); }
+  uint8_t* get(size_t n) {
+    if (n > cap) {
+      std::free(p);
+      cap = (n + 63) / 64 * 64;
+      p = static_cast<uint8_t*>(std::aligned_alloc(64, cap));
     }
-    const int8_t* aq = a.q.data() + at * 32;
-    for (int p = 0; 2 * p < count; ++p) {
-      const __m512i av = _mm512_loadu_si512(aq + 64 * p);
-      const __m512i idx = _mm512_add_epi32(pattern, _mm512_set1_epi32(2 * p));
-      for (int n = 0; n < NR; ++n) {
-        const __m512i w = load_pair<K>(row0 + n * stride + (g + 2 * p) * kBytes<K>, 2 * p + 1 < count);
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, av);
-        facc[n][p & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(idx, scale[n]),
-                                         facc[n][p & 1]);
-      }
-    }
+    return p;
   }
-  for (int n = 0; n < NR; ++n)
-    out[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(facc[n][0], facc[n][1]), macc[n]));
-}
+};
 
 template <Kind K>
-void rows_impl(const WeightView& w, const VnniActs& a, float* y, int64_t row_begin, int64_t row_end) {
-  if (a.m < 4) {  // decode and short appends: several weight rows per activation row
-    const int64_t stride = static_cast<int64_t>(w.row_stride);
-    int64_t row = row_begin;
-    float out[4];
-    for (; row + 4 <= row_end; row += 4) {
-      const uint8_t* wr = static_cast<const uint8_t*>(w.data) + row * stride;
-      for (int64_t t = 0; t < a.m; ++t) {
-        dot_wrows<K, 4>(wr, stride, a, t, out);
-        for (int n = 0; n < 4; ++n) y[t * w.rows + row + n] = out[n];
-      }
+ESCALA_VNNI_TARGET void rows_impl(const WeightView& w, const VnniActs& a, float* y, int64_t row_begin,
+                                  int64_t row_end) {
+  thread_local AlignedBuf buf;
+  uint8_t* pk = buf.get(static_cast<size_t>(a.nb * kPackedBlock));
+  const int64_t stride = static_cast<int64_t>(w.row_stride);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t n0 = row_begin; n0 < row_end; n0 += kSlab) {
+    const int valid = static_cast<int>(std::min<int64_t>(kSlab, row_end - n0));
+    const uint8_t* rp[kSlab];
+    alignas(64) int32_t off[kSlab];
+    for (int n = 0; n < kSlab; ++n) {
+      const int64_t row = n0 + std::min(n, valid - 1);
+      rp[n] = base + row * stride;
+      off[n] = static_cast<int32_t>((row - n0) * stride);
     }
-    for (; row < row_end; ++row) {
-      const uint8_t* wr = static_cast<const uint8_t*>(w.data) + row * stride;
-      for (int64_t t = 0; t < a.m; ++t) {
-        dot_wrows<K, 1>(wr, stride, a, t, out);
-        y[t * w.rows + row] = out[0];
-      }
-    }
-    return;
-  }
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    const uint8_t* wr = static_cast<const uint8_t*>(w.data) + row * static_cast<int64_t>(w.row_stride);
-    float out[4];
+    pack_slab<K>(rp, _mm512_load_si512(off), a.nb, pk);
+    const __mmask16 live = static_cast<__mmask16>((1u << valid) - 1u);
+    float* yb = y + n0;
     int64_t t = 0;
-    for (; t + 4 <= a.m; t += 4) {
-      dot_rows<K, 4>(wr, a, t, out);
-      for (int r = 0; r < 4; ++r) y[(t + r) * w.rows + row] = out[r];
+    for (; t + 8 <= a.m; t += 8) slab_rows<8>(pk, a, t, yb, w.rows, live);
+    if (t + 4 <= a.m) {
+      slab_rows<4>(pk, a, t, yb, w.rows, live);
+      t += 4;
     }
-    for (; t < a.m; ++t) {
-      dot_rows<K, 1>(wr, a, t, out);
-      y[t * w.rows + row] = out[0];
+    if (t + 2 <= a.m) {
+      slab_rows<2>(pk, a, t, yb, w.rows, live);
+      t += 2;
     }
+    if (t < a.m) slab_rows<1>(pk, a, t, yb, w.rows, live);
   }
 }
 
@@ -336,7 +364,6 @@ ESCALA_VNNI_TARGET inline float absmax(__m512 a) { return _mm512_reduce_max_ps(_
 
 ESCALA_VNNI_TARGET void quantize_acts_impl(const float* x, int64_t m, int64_t k, VnniActs& a) {
   for (int64_t r = 0; r < m; ++r) {
-    int8_t* q = a.q.data() + r * a.nb_pad * 32;
     for (int64_t b = 0; b < a.nb; ++b) {
       const __m512 x0 = _mm512_loadu_ps(x + r * k + 32 * b);
       const __m512 x1 = _mm512_loadu_ps(x + r * k + 32 * b + 16);
@@ -345,13 +372,12 @@ ESCALA_VNNI_TARGET void quantize_acts_impl(const float* x, int64_t m, int64_t k,
       // Round to nearest even (the MXCSR default), as lrintf would.
       const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
       const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
-      // Pair p = b / 2, half h = b % 2: elements 0-15 at 64p + 16h, 16-31 at 64p + 32 + 16h.
-      int8_t* base = q + 64 * (b / 2) + 16 * (b % 2);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(base), _mm512_cvtepi32_epi8(q0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(base + 32), _mm512_cvtepi32_epi8(q1));
+      int8_t* q = a.q.data() + (r * a.nb + b) * 32;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
       const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-      a.d[static_cast<size_t>(r * a.nb_pad + b)] = d;
-      a.s[static_cast<size_t>(r * a.nb_pad + b)] = d * static_cast<float>(sum);
+      a.d[static_cast<size_t>(r * a.nb + b)] = d;
+      a.s[static_cast<size_t>(r * a.nb + b)] = d * static_cast<float>(sum);
     }
   }
 }
@@ -402,11 +428,9 @@ void vnni_rows(const WeightView& w, const VnniActs& a, float* y, int64_t row_beg
 void quantize_acts_vnni(const float* x, int64_t m, int64_t k, VnniActs& a) {
   a.m = m;
   a.nb = k / 32;
-  a.nb_pad = (a.nb + 15) / 16 * 16;
-  // Only the padding must be zero; the rest is overwritten.
-  a.q.assign(static_cast<size_t>(m * a.nb_pad * 32), 0);
-  a.d.assign(static_cast<size_t>(m * a.nb_pad), 0.0f);
-  a.s.assign(static_cast<size_t>(m * a.nb_pad), 0.0f);
+  a.q.resize(static_cast<size_t>(m * k));
+  a.d.resize(static_cast<size_t>(m * a.nb));
+  a.s.resize(static_cast<size_t>(m * a.nb));
   quantize_acts_impl(x, m, k, a);
 }
 

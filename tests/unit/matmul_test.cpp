@@ -164,6 +164,39 @@ TEST(QuantMatmul, BatchRowsEqualSingleRows) {
   }
 }
 
+TEST(QuantMatmul, EveryBatchSizeGivesTheSameBits) {
+  // Each output element must not depend on m, on which microkernel width (8, 4, 2, 1 activation
+  // rows) computes it, on the thread count, or on whether matmul_group runs it: the engine's
+  // greedy outputs are identical alone or in a batch. 37 rows: two full slabs of 16 and a tail.
+  for (TensorType t : {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0, TensorType::kQ4_K,
+                       TensorType::kQ6_K}) {
+    SCOPED_TRACE(std::string(tensor_type_name(t)));
+    const int64_t rows = 37, cols = 768, mmax = 21;
+    Fixture f = make_weights(t, rows, cols, 31);
+    auto x = make_acts(mmax, cols, 32);
+    std::vector<float> alone(static_cast<size_t>(mmax * rows));
+    for (int64_t r = 0; r < mmax; ++r)
+      ASSERT_TRUE(matvec(f.w, x.data() + r * cols, alone.data() + r * rows, 1).ok());
+    for (int64_t m : {2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 21}) {
+      for (int threads : {1, 2}) {
+        std::vector<float> y(static_cast<size_t>(m * rows), std::nanf(""));
+        ASSERT_TRUE(matmul(f.w, x.data(), m, y.data(), threads).ok());
+        for (int64_t i = 0; i < m * rows; ++i)
+          ASSERT_EQ(y[size_t(i)], alone[size_t(i)]) << "m=" << m << " threads=" << threads << " at " << i;
+      }
+      // Two weights reading the same input in one parallel region.
+      std::vector<float> y0(static_cast<size_t>(m * rows)), y1(static_cast<size_t>(m * rows));
+      const WeightView ws[2] = {f.w, f.w};
+      float* const ys[2] = {y0.data(), y1.data()};
+      ASSERT_TRUE(matmul_group(ws, x.data(), m, ys, 2).ok());
+      for (int64_t i = 0; i < m * rows; ++i) {
+        ASSERT_EQ(y0[size_t(i)], alone[size_t(i)]) << "group m=" << m << " at " << i;
+        ASSERT_EQ(y1[size_t(i)], alone[size_t(i)]) << "group m=" << m << " at " << i;
+      }
+    }
+  }
+}
+
 TEST(QuantMatmul, StridedRowsAndBadViews) {
   Fixture f = make_weights(TensorType::kQ8_0, 8, 64, 3);
   // The same rows with 6 bytes of padding between them.
