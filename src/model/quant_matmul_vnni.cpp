@@ -89,57 +89,64 @@ ESCALA_VNNI_TARGET inline __m256i load256(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-// Rows rp[0..15] (pointers to row starts; rows past the end repeat the last one), `off` the byte
-// offset of each row from rp[0] (for the scale gather), nb blocks, into `out`.
+// Block b of the 16 rows rp[0..15] (pointers to row starts; rows past the end repeat the last
+// one) in the lanes: w[j] = bytes 4j..4j+3 of each row's unsigned levels, d_w and m_w as floats.
+// `off` holds each row's byte offset from rp[0] (for the scale gather).
+template <Kind K>
+ESCALA_VNNI_TARGET inline void unpack_block(const uint8_t* const* rp, __m512i off, int64_t b, __m512i w[8],
+                                            __m512& dw, __m512& mw) {
+  const int64_t at = b * kBytes<K> + kQsOffset<K>;
+  if constexpr (K == Kind::kQ8_0) {
+    // Rows j and 8 + j in the two halves; an 8x8 dword transpose inside each half.
+    __m512i bj[8];
+    for (int j = 0; j < 8; ++j)
+      bj[j] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(rp[j] + at)), load256(rp[8 + j] + at), 1);
+    __m512i u[8];
+    transpose4(bj[0], bj[1], bj[2], bj[3], u);
+    transpose4(bj[4], bj[5], bj[6], bj[7], u + 4);
+    // u[c] (c < 4): in 128-bit lane L of each half, rows 0-3 of dword 4L + c; u[4 + c]: rows 4-7.
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    for (int c = 0; c < 4; ++c) {
+      w[c] = _mm512_xor_si512(_mm512_permutex2var_epi64(u[c], lo, u[4 + c]), flip);
+      w[4 + c] = _mm512_xor_si512(_mm512_permutex2var_epi64(u[c], hi, u[4 + c]), flip);
+    }
+  } else {
+    // 128-bit lane k of a[i] is row 4k + i, so after the transpose lane 4k + i is row 4k + i.
+    __m512i a[4];
+    for (int i = 0; i < 4; ++i) {
+      __m512i v = _mm512_castsi128_si512(load128(rp[i] + at));
+      v = _mm512_inserti32x4(v, load128(rp[4 + i] + at), 1);
+      v = _mm512_inserti32x4(v, load128(rp[8 + i] + at), 2);
+      a[i] = _mm512_inserti32x4(v, load128(rp[12 + i] + at), 3);
+    }
+    __m512i v[4];
+    transpose4(a[0], a[1], a[2], a[3], v);
+    // Byte i of qs holds element i (low nibble) and i + 16 (high nibble).
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int c = 0; c < 4; ++c) {
+      w[c] = _mm512_and_si512(v[c], m4);
+      w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v[c], 4), m4);
+    }
+  }
+  // d (and q4_1's m) are the block's first 4 bytes.
+  const __m512i g = _mm512_i32gather_epi32(off, rp[0] + b * kBytes<K>, 1);
+  dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+  if constexpr (K == Kind::kQ4_1) {
+    mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+  } else {
+    mw = _mm512_mul_ps(dw, _mm512_set1_ps(K == Kind::kQ4_0 ? -8.0f : -128.0f));
+  }
+}
+
 template <Kind K>
 ESCALA_VNNI_TARGET void pack_slab(const uint8_t* const* rp, __m512i off, int64_t nb, uint8_t* out) {
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
   for (int64_t b = 0; b < nb; ++b, out += kPackedBlock) {
-    const int64_t at = b * kBytes<K> + kQsOffset<K>;
-    if constexpr (K == Kind::kQ8_0) {
-      // Rows j and 8 + j in the two halves; an 8x8 dword transpose inside each half.
-      __m512i bj[8];
-      for (int j = 0; j < 8; ++j)
-        bj[j] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(rp[j] + at)), load256(rp[8 + j] + at), 1);
-      __m512i u[8];
-      transpose4(bj[0], bj[1], bj[2], bj[3], u);
-      transpose4(bj[4], bj[5], bj[6], bj[7], u + 4);
-      // u[c] (c < 4): in 128-bit lane L of each half, rows 0-3 of dword 4L + c; u[4 + c]: rows 4-7.
-      const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-      const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-      for (int c = 0; c < 4; ++c) {
-        const __m512i w0 = _mm512_permutex2var_epi64(u[c], lo, u[4 + c]);
-        const __m512i w1 = _mm512_permutex2var_epi64(u[c], hi, u[4 + c]);
-        _mm512_store_si512(out + 64 * c, _mm512_xor_si512(w0, flip));
-        _mm512_store_si512(out + 64 * (4 + c), _mm512_xor_si512(w1, flip));
-      }
-    } else {
-      // 128-bit lane k of a[i] is row 4k + i, so after the transpose lane 4k + i is row 4k + i.
-      __m512i a[4];
-      for (int i = 0; i < 4; ++i) {
-        __m512i v = _mm512_castsi128_si512(load128(rp[i] + at));
-        v = _mm512_inserti32x4(v, load128(rp[4 + i] + at), 1);
-        v = _mm512_inserti32x4(v, load128(rp[8 + i] + at), 2);
-        a[i] = _mm512_inserti32x4(v, load128(rp[12 + i] + at), 3);
-      }
-      __m512i v[4];
-      transpose4(a[0], a[1], a[2], a[3], v);
-      // Byte i of qs holds element i (low nibble) and i + 16 (high nibble).
-      for (int c = 0; c < 4; ++c) {
-        _mm512_store_si512(out + 64 * c, _mm512_and_si512(v[c], m4));
-        _mm512_store_si512(out + 64 * (4 + c), _mm512_and_si512(_mm512_srli_epi16(v[c], 4), m4));
-      }
-    }
-    // d (and q4_1's m) are the block's first 4 bytes.
-    const __m512i g = _mm512_i32gather_epi32(off, rp[0] + b * kBytes<K>, 1);
-    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-    __m512 mw;
-    if constexpr (K == Kind::kQ4_1) {
-      mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
-    } else {
-      mw = _mm512_mul_ps(dw, _mm512_set1_ps(K == Kind::kQ4_0 ? -8.0f : -128.0f));
-    }
+    __m512i w[8];
+    __m512 dw, mw;
+    unpack_block<K>(rp, off, b, w, dw, mw);
+    for (int j = 0; j < 8; ++j) _mm512_store_si512(out + 64 * j, w[j]);
     _mm512_store_ps(reinterpret_cast<float*>(out + 512), dw);
     _mm512_store_ps(reinterpret_cast<float*>(out + 576), mw);
   }
@@ -149,6 +156,25 @@ ESCALA_VNNI_TARGET inline __m512i bcast32(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
+}
+
+// One block of activation row `at / nb` (at = row * nb + block) into acc: the only float
+// arithmetic of the 32-element kernels, so every path gives the same bits.
+ESCALA_VNNI_TARGET inline void block_step(const __m512i w[8], __m512 dw, __m512 mw, const VnniActs& a,
+                                          int64_t at, __m512& acc) {
+  const int8_t* aq = a.q.data() + at * 32;
+  // Two chains of four so the dependent vpdpbusd latencies overlap (integer sums: exact).
+  __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast32(aq));
+  __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast32(aq + 4));
+  s0 = _mm512_dpbusd_epi32(s0, w[2], bcast32(aq + 8));
+  s1 = _mm512_dpbusd_epi32(s1, w[3], bcast32(aq + 12));
+  s0 = _mm512_dpbusd_epi32(s0, w[4], bcast32(aq + 16));
+  s1 = _mm512_dpbusd_epi32(s1, w[5], bcast32(aq + 20));
+  s0 = _mm512_dpbusd_epi32(s0, w[6], bcast32(aq + 24));
+  s1 = _mm512_dpbusd_epi32(s1, w[7], bcast32(aq + 28));
+  const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.d[static_cast<size_t>(at)]));
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc);
+  acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s[static_cast<size_t>(at)]), acc);
 }
 
 // R activation rows from t0 against a packed slab; y + t * ystride is activation row t's output
@@ -164,24 +190,25 @@ ESCALA_VNNI_TARGET void slab_rows(const uint8_t* pk, const VnniActs& a, int64_t 
     for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(pk + 64 * j);
     const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(pk + 512));
     const __m512 mw = _mm512_load_ps(reinterpret_cast<const float*>(pk + 576));
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (t0 + r) * nb + b;
-      const int8_t* aq = a.q.data() + at * 32;
-      // Two chains of four so the dependent vpdpbusd latencies overlap.
-      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast32(aq));
-      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast32(aq + 4));
-      s0 = _mm512_dpbusd_epi32(s0, w[2], bcast32(aq + 8));
-      s1 = _mm512_dpbusd_epi32(s1, w[3], bcast32(aq + 12));
-      s0 = _mm512_dpbusd_epi32(s0, w[4], bcast32(aq + 16));
-      s1 = _mm512_dpbusd_epi32(s1, w[5], bcast32(aq + 20));
-      s0 = _mm512_dpbusd_epi32(s0, w[6], bcast32(aq + 24));
-      s1 = _mm512_dpbusd_epi32(s1, w[7], bcast32(aq + 28));
-      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.d[static_cast<size_t>(at)]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[r]);
-      acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s[static_cast<size_t>(at)]), acc[r]);
-    }
+    for (int r = 0; r < R; ++r) block_step(w, dw, mw, a, (t0 + r) * nb + b, acc[r]);
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (t0 + r) * ystride, live, acc[r]);
+}
+
+// Few activation rows (decode): each block is unpacked in registers and used at once.
+template <Kind K, int R>
+ESCALA_VNNI_TARGET void direct_rows(const uint8_t* const* rp, __m512i off, const VnniActs& a, float* y,
+                                    int64_t ystride, __mmask16 live) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t nb = a.nb;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i w[8];
+    __m512 dw, mw;
+    unpack_block<K>(rp, off, b, w, dw, mw);
+    for (int r = 0; r < R; ++r) block_step(w, dw, mw, a, r * nb + b, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ystride, live, acc[r]);
 }
 
 struct AlignedBuf {
@@ -198,11 +225,15 @@ struct AlignedBuf {
   }
 };
 
+// Up to this many activation rows, blocks are unpacked in registers per use (direct_rows);
+// beyond, each slab is unpacked once into a buffer that every group of rows reads.
+constexpr int64_t kDirectMaxRows = 2;
+
 template <Kind K>
 ESCALA_VNNI_TARGET void rows_impl(const WeightView& w, const VnniActs& a, float* y, int64_t row_begin,
                                   int64_t row_end) {
   thread_local AlignedBuf buf;
-  uint8_t* pk = buf.get(static_cast<size_t>(a.nb * kPackedBlock));
+  uint8_t* pk = a.m > kDirectMaxRows ? buf.get(static_cast<size_t>(a.nb * kPackedBlock)) : nullptr;
   const int64_t stride = static_cast<int64_t>(w.row_stride);
   const auto* base = static_cast<const uint8_t*>(w.data);
   for (int64_t n0 = row_begin; n0 < row_end; n0 += kSlab) {
@@ -214,9 +245,18 @@ ESCALA_VNNI_TARGET void rows_impl(const WeightView& w, const VnniActs& a, float*
       rp[n] = base + row * stride;
       off[n] = static_cast<int32_t>((row - n0) * stride);
     }
-    pack_slab<K>(rp, _mm512_load_si512(off), a.nb, pk);
+    const __m512i offv = _mm512_load_si512(off);
     const __mmask16 live = static_cast<__mmask16>((1u << valid) - 1u);
     float* yb = y + n0;
+    if (a.m == 1) {
+      direct_rows<K, 1>(rp, offv, a, yb, w.rows, live);
+      continue;
+    }
+    if (a.m == 2) {
+      direct_rows<K, 2>(rp, offv, a, yb, w.rows, live);
+      continue;
+    }
+    pack_slab<K>(rp, offv, a.nb, pk);
     int64_t t = 0;
     for (; t + 8 <= a.m; t += 8) slab_rows<8>(pk, a, t, yb, w.rows, live);
     if (t + 4 <= a.m) {
