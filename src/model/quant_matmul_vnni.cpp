@@ -89,18 +89,30 @@ ESCALA_VNNI_TARGET inline __m256i load256(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-// Block b of the 16 rows rp[0..15] (pointers to row starts; rows past the end repeat the last
-// one) in the lanes: w[j] = bytes 4j..4j+3 of each row's unsigned levels, d_w and m_w as floats.
-// `off` holds each row's byte offset from rp[0] (for the scale gather).
+// 16 weight rows p + n * stride, n = 0..15 (a tail slab is staged with its last row repeated).
+// While a block is unpacked, `pf_per_block` lines of the next slab (from `pf`) are prefetched:
+// the 16 rows are read one block apart, a pattern the hardware prefetchers do not follow well.
+struct Slab {
+  const uint8_t* p;
+  int64_t stride;
+  __m512i off;  // n * stride, for the scale gather
+  const uint8_t* pf;
+  int64_t pf_per_block;
+};
+
+// Block b of the slab in the lanes: w[j] = bytes 4j..4j+3 of each row's unsigned levels, d_w and
+// m_w as floats.
 template <Kind K>
-ESCALA_VNNI_TARGET inline void unpack_block(const uint8_t* const* rp, __m512i off, int64_t b, __m512i w[8],
-                                            __m512& dw, __m512& mw) {
-  const int64_t at = b * kBytes<K> + kQsOffset<K>;
+ESCALA_VNNI_TARGET inline void unpack_block(const Slab& sl, int64_t b, __m512i w[8], __m512& dw, __m512& mw) {
+  for (int64_t i = 0; i < sl.pf_per_block; ++i)
+    _mm_prefetch(reinterpret_cast<const char*>(sl.pf + (b * sl.pf_per_block + i) * 64), _MM_HINT_T0);
+  const uint8_t* p = sl.p + b * kBytes<K> + kQsOffset<K>;
+  const int64_t st = sl.stride;
   if constexpr (K == Kind::kQ8_0) {
     // Rows j and 8 + j in the two halves; an 8x8 dword transpose inside each half.
     __m512i bj[8];
     for (int j = 0; j < 8; ++j)
-      bj[j] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(rp[j] + at)), load256(rp[8 + j] + at), 1);
+      bj[j] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(p + j * st)), load256(p + (8 + j) * st), 1);
     __m512i u[8];
     transpose4(bj[0], bj[1], bj[2], bj[3], u);
     transpose4(bj[4], bj[5], bj[6], bj[7], u + 4);
@@ -116,10 +128,10 @@ ESCALA_VNNI_TARGET inline void unpack_block(const uint8_t* const* rp, __m512i of
     // 128-bit lane k of a[i] is row 4k + i, so after the transpose lane 4k + i is row 4k + i.
     __m512i a[4];
     for (int i = 0; i < 4; ++i) {
-      __m512i v = _mm512_castsi128_si512(load128(rp[i] + at));
-      v = _mm512_inserti32x4(v, load128(rp[4 + i] + at), 1);
-      v = _mm512_inserti32x4(v, load128(rp[8 + i] + at), 2);
-      a[i] = _mm512_inserti32x4(v, load128(rp[12 + i] + at), 3);
+      __m512i v = _mm512_castsi128_si512(load128(p + i * st));
+      v = _mm512_inserti32x4(v, load128(p + (4 + i) * st), 1);
+      v = _mm512_inserti32x4(v, load128(p + (8 + i) * st), 2);
+      a[i] = _mm512_inserti32x4(v, load128(p + (12 + i) * st), 3);
     }
     __m512i v[4];
     transpose4(a[0], a[1], a[2], a[3], v);
@@ -131,7 +143,7 @@ ESCALA_VNNI_TARGET inline void unpack_block(const uint8_t* const* rp, __m512i of
     }
   }
   // d (and q4_1's m) are the block's first 4 bytes.
-  const __m512i g = _mm512_i32gather_epi32(off, rp[0] + b * kBytes<K>, 1);
+  const __m512i g = _mm512_i32gather_epi32(sl.off, sl.p + b * kBytes<K>, 1);
   dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
   if constexpr (K == Kind::kQ4_1) {
     mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
@@ -141,11 +153,11 @@ ESCALA_VNNI_TARGET inline void unpack_block(const uint8_t* const* rp, __m512i of
 }
 
 template <Kind K>
-ESCALA_VNNI_TARGET void pack_slab(const uint8_t* const* rp, __m512i off, int64_t nb, uint8_t* out) {
+ESCALA_VNNI_TARGET void pack_slab(const Slab& sl, int64_t nb, uint8_t* out) {
   for (int64_t b = 0; b < nb; ++b, out += kPackedBlock) {
     __m512i w[8];
     __m512 dw, mw;
-    unpack_block<K>(rp, off, b, w, dw, mw);
+    unpack_block<K>(sl, b, w, dw, mw);
     for (int j = 0; j < 8; ++j) _mm512_store_si512(out + 64 * j, w[j]);
     _mm512_store_ps(reinterpret_cast<float*>(out + 512), dw);
     _mm512_store_ps(reinterpret_cast<float*>(out + 576), mw);
@@ -197,7 +209,7 @@ ESCALA_VNNI_TARGET void slab_rows(const uint8_t* pk, const VnniActs& a, int64_t 
 
 // Few activation rows (decode): each block is unpacked in registers and used at once.
 template <Kind K, int R>
-ESCALA_VNNI_TARGET void direct_rows(const uint8_t* const* rp, __m512i off, const VnniActs& a, float* y,
+ESCALA_VNNI_TARGET void direct_rows(const Slab& sl, const VnniActs& a, float* y,
                                     int64_t ystride, __mmask16 live) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -205,7 +217,7 @@ ESCALA_VNNI_TARGET void direct_rows(const uint8_t* const* rp, __m512i off, const
   for (int64_t b = 0; b < nb; ++b) {
     __m512i w[8];
     __m512 dw, mw;
-    unpack_block<K>(rp, off, b, w, dw, mw);
+    unpack_block<K>(sl, b, w, dw, mw);
     for (int r = 0; r < R; ++r) block_step(w, dw, mw, a, r * nb + b, acc[r]);
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ystride, live, acc[r]);
@@ -232,31 +244,40 @@ constexpr int64_t kDirectMaxRows = 2;
 template <Kind K>
 ESCALA_VNNI_TARGET void rows_impl(const WeightView& w, const VnniActs& a, float* y, int64_t row_begin,
                                   int64_t row_end) {
-  thread_local AlignedBuf buf;
+  thread_local AlignedBuf buf, tail;
   uint8_t* pk = a.m > kDirectMaxRows ? buf.get(static_cast<size_t>(a.nb * kPackedBlock)) : nullptr;
   const int64_t stride = static_cast<int64_t>(w.row_stride);
+  const int64_t rbytes = a.nb * kBytes<K>;
   const auto* base = static_cast<const uint8_t*>(w.data);
+  const auto* end = base + w.rows * stride;  // prefetches stay inside the matrix
+  const int64_t slab_lines = (kSlab * stride + 63) / 64;
+  Slab sl;
   for (int64_t n0 = row_begin; n0 < row_end; n0 += kSlab) {
     const int valid = static_cast<int>(std::min<int64_t>(kSlab, row_end - n0));
-    const uint8_t* rp[kSlab];
-    alignas(64) int32_t off[kSlab];
-    for (int n = 0; n < kSlab; ++n) {
-      const int64_t row = n0 + std::min(n, valid - 1);
-      rp[n] = base + row * stride;
-      off[n] = static_cast<int32_t>((row - n0) * stride);
+    sl.p = base + n0 * stride;
+    sl.stride = stride;
+    if (valid < kSlab) {  // stage the rows, the last one repeated
+      uint8_t* t = tail.get(static_cast<size_t>(kSlab * rbytes));
+      for (int n = 0; n < kSlab; ++n) std::memcpy(t + n * rbytes, sl.p + std::min(n, valid - 1) * stride, size_t(rbytes));
+      sl.p = t;
+      sl.stride = rbytes;
     }
-    const __m512i offv = _mm512_load_si512(off);
+    sl.off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                _mm512_set1_epi32(static_cast<int32_t>(sl.stride)));
+    sl.pf = base + (n0 + kSlab) * stride;
+    sl.pf_per_block = n0 + 2 * kSlab <= row_end ? (slab_lines + a.nb - 1) / a.nb : 0;
+    if (sl.pf + slab_lines * 64 > end) sl.pf_per_block = 0;
     const __mmask16 live = static_cast<__mmask16>((1u << valid) - 1u);
     float* yb = y + n0;
     if (a.m == 1) {
-      direct_rows<K, 1>(rp, offv, a, yb, w.rows, live);
+      direct_rows<K, 1>(sl, a, yb, w.rows, live);
       continue;
     }
     if (a.m == 2) {
-      direct_rows<K, 2>(rp, offv, a, yb, w.rows, live);
+      direct_rows<K, 2>(sl, a, yb, w.rows, live);
       continue;
     }
-    pack_slab<K>(rp, offv, a.nb, pk);
+    pack_slab<K>(sl, a.nb, pk);
     int64_t t = 0;
     for (; t + 8 <= a.m; t += 8) slab_rows<8>(pk, a, t, yb, w.rows, live);
     if (t + 4 <= a.m) {
