@@ -61,7 +61,6 @@ int padded_rows(int rows) {
 
 struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> q, kf, vf, s, o, m, l, alpha, ks, vs;
-  std::vector<const uint8_t*> kp, vp;
   void init(int rows, int d, int dv) {  // rows: every kv head's padded rows
     q = hwy::AllocateAligned<float>(size_t(rows) * d);
     kf = hwy::AllocateAligned<float>(size_t(kBlock) * d);
@@ -73,8 +72,8 @@ struct Scratch {
     alpha = hwy::AllocateAligned<float>(rows);
     ks = hwy::AllocateAligned<float>(kBlock + kLanes);  // read a whole vector past any key
     vs = hwy::AllocateAligned<float>(kBlock + kLanes);
-    kp.resize(kBlock + kLanes);
-    vp.resize(kBlock + kLanes);
+    std::fill(kf.get(), kf.get() + size_t(kBlock) * d, 0.0f);  // staged rows past a block's end are read
+    std::fill(vf.get(), vf.get() + size_t(kBlock) * dv, 0.0f);
   }
 };
 
@@ -137,10 +136,11 @@ constexpr size_t kElemBytes = T == DType::kF32 ? 4 : (T == DType::kBF16 || T == 
 // instead of overlapping the loads with the FMAs.
 HWY_INLINE void request(const uint8_t* p) { __builtin_prefetch(p, 0, 3); }
 
-// s[j * NR + r] = q[r] . k[j] for NR rows (stride dp) and nk keys (kp padded to a multiple of L/NR
-// keys): each vector holds L/NR keys x NR rows, the lane layout the softmax and PV work in.
+// s[j * NR + r] = q[r] . k[j] for NR rows (stride dp) and nk keys: key j's row starts at kb[j] + off
+// (kb padded to a multiple of L/NR keys). Each vector holds L/NR keys x NR rows, the lane layout the
+// softmax and PV work in. pk (null: none): the rows to request meanwhile, at pk[j] + off.
 template <DType T, int NR>
-HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* const* kp, int nk,
+HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* const* kb, size_t off, int nk,
                       float* HWY_RESTRICT s, const uint8_t* const* pk) {
   const DF df;
   constexpr int NK = std::max(1, kLanes / NR);
@@ -148,10 +148,10 @@ HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* con
     VF acc[kLanes];
     for (int a = 0; a < kLanes; ++a) acc[a] = hn::Zero(df);
     const uint8_t* k[NK];
-    for (int kk = 0; kk < NK; ++kk) k[kk] = kp[j + kk];
+    for (int kk = 0; kk < NK; ++kk) k[kk] = kb[j + kk] + off;
     if (pk)
       for (int kk = 0; kk < NK; ++kk)
-        for (size_t b = 0; b < dp * kElemBytes<T>; b += 64) request(pk[j + kk] + b);
+        for (size_t b = 0; b < dp * kElemBytes<T>; b += 64) request(pk[j + kk] + off + b);
     for (size_t c = 0; c < dp; c += kLanes) {
       VF qv[NR];
       for (int r = 0; r < NR; ++r) qv[r] = hn::Load(df, q + r * dp + c);
@@ -167,8 +167,9 @@ HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* con
 // o[r][c0, c0 + NV L) = o * alpha[r] + sum_j w[j * NR + r] v[j][c0, c0 + NV L) for NR rows (stride
 // dvp); NR x NV accumulators in registers.
 template <DType T, int NR, int NV>
-HWY_ATTR HWY_INLINE void pv_chunk(const float* HWY_RESTRICT w, const uint8_t* const* vp, const float* alpha, int nk,
-                                  size_t dvp, size_t c0, float* HWY_RESTRICT o, const uint8_t* const* pv) {
+HWY_ATTR HWY_INLINE void pv_chunk(const float* HWY_RESTRICT w, const uint8_t* const* vb, size_t off,
+                                  const float* alpha, int nk, size_t dvp, size_t c0, float* HWY_RESTRICT o,
+                                  const uint8_t* const* pv) {
   const DF df;
   VF acc[NR][NV];
   for (int r = 0; r < NR; ++r) {
@@ -178,10 +179,10 @@ HWY_ATTR HWY_INLINE void pv_chunk(const float* HWY_RESTRICT w, const uint8_t* co
   for (int j = 0; j < nk; ++j, w += NR) {
     VF wr[NR];
     for (int r = 0; r < NR; ++r) wr[r] = hn::Set(df, w[r]);
-    const uint8_t* vr = vp[j];
+    const uint8_t* vr = vb[j] + off;
     for (int v = 0; v < NV; ++v) {
       const size_t c = c0 + v * kLanes;
-      if (pv && (c * kElemBytes<T>) % 64 == 0) request(pv[j] + c * kElemBytes<T>);
+      if (pv && (c * kElemBytes<T>) % 64 == 0) request(pv[j] + off + c * kElemBytes<T>);
       const VF x = load_lanes<T>(df, vr, c);
       for (int r = 0; r < NR; ++r) acc[r][v] = hn::MulAdd(wr[r], x, acc[r][v]);
     }
@@ -193,31 +194,31 @@ HWY_ATTR HWY_INLINE void pv_chunk(const float* HWY_RESTRICT w, const uint8_t* co
 // o[r] = o[r] * alpha[r] + sum_j w[j * NR + r] v[j] for NR rows (stride dvp): chunks of NV vectors
 // (as many accumulators as the registers hold), the rest one vector at a time.
 template <DType T, int NR>
-HWY_ATTR void pv_pass(const float* HWY_RESTRICT w, const uint8_t* const* vp, const float* alpha, int nk, size_t dvp,
-                      float* HWY_RESTRICT o, const uint8_t* const* pv) {
+HWY_ATTR void pv_pass(const float* HWY_RESTRICT w, const uint8_t* const* vb, size_t off, const float* alpha, int nk,
+                      size_t dvp, float* HWY_RESTRICT o, const uint8_t* const* pv) {
   constexpr int NV = std::max(1, (kLanes >= 16 ? 16 : 8) / NR);
   size_t c0 = 0;
-  for (; c0 + NV * kLanes <= dvp; c0 += NV * kLanes) pv_chunk<T, NR, NV>(w, vp, alpha, nk, dvp, c0, o, pv);
-  for (; c0 < dvp; c0 += kLanes) pv_chunk<T, NR, 1>(w, vp, alpha, nk, dvp, c0, o, pv);
+  for (; c0 + NV * kLanes <= dvp; c0 += NV * kLanes) pv_chunk<T, NR, NV>(w, vb, off, alpha, nk, dvp, c0, o, pv);
+  for (; c0 < dvp; c0 += kLanes) pv_chunk<T, NR, 1>(w, vb, off, alpha, nk, dvp, c0, o, pv);
 }
 
 // All rows of one kv head (rows a multiple of NR) against one block of keys; the first pass
 // requests the next block's rows.
 template <DType T, int NR>
-HWY_ATTR void qk_rows(const float* q, size_t dp, const uint8_t* const* kp, int nk, int rows, float* s,
+HWY_ATTR void qk_rows(const float* q, size_t dp, const uint8_t* const* kb, size_t off, int nk, int rows, float* s,
                       const uint8_t* const* pk) {
   for (int r = 0; r < rows; r += NR)
-    qk_pass<T, NR>(q + size_t(r) * dp, dp, kp, nk, s + size_t(r) * kBlock, r == 0 ? pk : nullptr);
+    qk_pass<T, NR>(q + size_t(r) * dp, dp, kb, off, nk, s + size_t(r) * kBlock, r == 0 ? pk : nullptr);
 }
 template <DType T, int NR>
-HWY_ATTR void pv_rows(const float* w, const uint8_t* const* vp, const float* alpha, int nk, int rows, size_t dvp,
-                      float* o, const uint8_t* const* pv) {
+HWY_ATTR void pv_rows(const float* w, const uint8_t* const* vb, size_t off, const float* alpha, int nk, int rows,
+                      size_t dvp, float* o, const uint8_t* const* pv) {
   for (int r = 0; r < rows; r += NR)
-    pv_pass<T, NR>(w + size_t(r) * kBlock, vp, alpha + r, nk, dvp, o + size_t(r) * dvp, r == 0 ? pv : nullptr);
+    pv_pass<T, NR>(w + size_t(r) * kBlock, vb, off, alpha + r, nk, dvp, o + size_t(r) * dvp, r == 0 ? pv : nullptr);
 }
 
-using QkFn = void (*)(const float*, size_t, const uint8_t* const*, int, int, float*, const uint8_t* const*);
-using PvFn = void (*)(const float*, const uint8_t* const*, const float*, int, int, size_t, float*,
+using QkFn = void (*)(const float*, size_t, const uint8_t* const*, size_t, int, int, float*, const uint8_t* const*);
+using PvFn = void (*)(const float*, const uint8_t* const*, size_t, const float*, int, int, size_t, float*,
                       const uint8_t* const*);
 
 template <DType T>
@@ -301,14 +302,19 @@ HWY_ATTR void softmax_pass(float* HWY_RESTRICT s, int nvec, const LaneLayout& la
 // index of their head-0 scale (quantized formats). The same addressing as KvSeq, walked page by
 // page instead of dividing per row and head.
 struct RowBases {
-  const uint8_t* k[kBlock];
-  const uint8_t* v[kBlock];
-  int64_t scale[kBlock];
+  // Padded past n (to whole passes of keys) with the last row: reading those rows is harmless and
+  // their scores are dropped.
+  const uint8_t* k[kBlock + kLanes];
+  const uint8_t* v[kBlock + kLanes];
+  int64_t scale[kBlock + kLanes];  // index of the head-0 scale
+  int32_t rel[kBlock + kLanes];    // scale[j] - scale[0], for gathers (when rel_ok)
+  bool rel_ok = true;
   int n = 0;
 };
 void row_bases(const KvSeq& K, const KvSeq& V, int64_t j0, int n, RowBases& rb) {
   const int64_t eb = K.elem_bytes;
   rb.n = n;
+  if (n == 0) return;
   if (K.page_size == 0) {
     for (int j = 0; j < n; ++j) {
       const int64_t t = K.first_row + j0 + j;
@@ -316,19 +322,30 @@ void row_bases(const KvSeq& K, const KvSeq& V, int64_t j0, int n, RowBases& rb) 
       rb.v[j] = V.data + t * V.row_stride * eb;
       rb.scale[j] = t * K.num_kv_heads;  // int8: per token slot (fp8 needs pages)
     }
-    return;
-  }
-  const int64_t ps = K.page_size;
-  int64_t pi = j0 / ps, off = j0 % ps;
-  for (int j = 0; j < n; ++j) {
-    const int64_t page = K.pages[pi];
-    rb.k[j] = K.data + (page * K.page_stride + off * K.row_stride) * eb;
-    rb.v[j] = V.data + (page * V.page_stride + off * V.row_stride) * eb;
-    rb.scale[j] = (K.dtype == DType::kFp8E4M3 ? page : page * ps + off) * K.num_kv_heads;
-    if (++off == ps) {
-      off = 0;
-      ++pi;
+  } else {
+    const int64_t ps = K.page_size;
+    int64_t pi = j0 / ps, off = j0 % ps;
+    for (int j = 0; j < n; ++j) {
+      const int64_t page = K.pages[pi];
+      rb.k[j] = K.data + (page * K.page_stride + off * K.row_stride) * eb;
+      rb.v[j] = V.data + (page * V.page_stride + off * V.row_stride) * eb;
+      rb.scale[j] = (K.dtype == DType::kFp8E4M3 ? page : page * ps + off) * K.num_kv_heads;
+      if (++off == ps) {
+        off = 0;
+        ++pi;
+      }
     }
+  }
+  for (int j = n; j < kBlock + kLanes; ++j) {
+    rb.k[j] = rb.k[n - 1];
+    rb.v[j] = rb.v[n - 1];
+    rb.scale[j] = rb.scale[n - 1];
+  }
+  rb.rel_ok = true;
+  for (int j = 0; j < kBlock + kLanes; ++j) {
+    const int64_t r = rb.scale[j] - rb.scale[0];
+    rb.rel_ok = rb.rel_ok && r >= INT32_MIN && r <= INT32_MAX;
+    rb.rel[j] = int32_t(r);
   }
 }
 
@@ -395,12 +412,16 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
   float* alpha = sc.alpha.get();
   float* ks = sc.ks.get();
   float* vs = sc.vs.get();
-  const uint8_t** kp = sc.kp.data();
-  const uint8_t** vp = sc.vp.data();
+  // Staged rows (not direct): one f32 row per key, read at offset 0.
+  RowBases staged;
+  for (int j = 0; j < kBlock + kLanes; ++j) {
+    staged.k[j] = reinterpret_cast<const uint8_t*>(kf + size_t(std::min(j, kBlock - 1)) * dp);
+    staged.v[j] = reinterpret_cast<const uint8_t*>(vf + size_t(std::min(j, kBlock - 1)) * dvp);
+  }
+  // Scales are gathered with 32-bit indices: every pool this kernel reads has fewer than 2^31 of them.
+  const hn::RebindToSigned<DF> di;
   RowBases bases[2];
   int cur_i = 0;
-  const uint8_t* pfk[kBlock + kLanes];
-  const uint8_t* pfv[kBlock + kLanes];
   for (int64_t v0 = v_lo; v0 < v_hi;) {
     const int64_t v1 = block_end(v0);
     const int nk = int(v1 - v0);
@@ -411,57 +432,55 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
       const int64_t v2 = v1 < v_hi ? block_end(v1) : v1;
       row_bases(K, V, v1 < v_hi ? key_of(v1) : 0, int(v2 - v1), bases[next_i]);
     }
-    const RowBases& cur = bases[cur_i];
+    const RowBases& cur = direct ? bases[cur_i] : staged;
     const RowBases& next = bases[next_i];
+    const uint8_t* const* pfk = direct && next.n > 0 ? next.k : nullptr;
+    const uint8_t* const* pfv = direct && next.n > 0 ? next.v : nullptr;
     // Per-element masking only when some (query, key) pair of the block may be invisible.
     const int64_t jl = j0 + nk - 1, pos_hi = pos0 + g.q_len - 1;
     const bool full = (!p.causal || jl <= pos0) &&
                       (p.window_left < 0 || j0 >= pos_hi - p.window_left || jl < p.num_sinks) &&
                       (p.window_right < 0 || jl <= pos0 + p.window_right || jl < p.num_sinks);
     const int nkp = (nk + L - 1) / L * L;  // scores padded to whole vectors with -inf
+    if (quant && next.n > 0)  // the next block's scales (every head's)
+      for (int j = 0; j < next.n; ++j)
+        if (j == 0 || next.scale[j] != next.scale[j - 1]) {
+          request(reinterpret_cast<const uint8_t*>(K.scale + next.scale[j]));
+          request(reinterpret_cast<const uint8_t*>(V.scale + next.scale[j]));
+        }
     for (int hk = 0; hk < nh; ++hk) {
       float* qh = q + size_t(hk) * rows * dp;
       float* oh = o + size_t(hk) * rows * dvp;
+      size_t koff = 0, voff = 0;
       if (direct) {
-        const int64_t kh = hk * K.head_stride * K.elem_bytes, vh = hk * V.head_stride * V.elem_bytes;
-        for (int j = 0; j < nk; ++j) {
-          kp[j] = cur.k[j] + kh;
-          vp[j] = cur.v[j] + vh;
-        }
-        if (quant) {
-          for (int j = 0; j < nk; ++j) {
-            ks[j] = K.scale[cur.scale[j] + hk] * unbias;
-            vs[j] = V.scale[cur.scale[j] + hk] * unbias;
+        koff = size_t(hk * K.head_stride * K.elem_bytes);
+        voff = size_t(hk * V.head_stride * V.elem_bytes);
+        if (quant && cur.rel_ok) {  // per-key scales of this head, zero past the block
+          const VF ub = hn::Set(df, unbias);
+          const float* kbase = K.scale + cur.scale[0] + hk;
+          const float* vbase = V.scale + cur.scale[0] + hk;
+          for (int j = 0; j < nkp; j += L) {
+            const auto idx = hn::LoadU(di, cur.rel + j);
+            const auto valid = hn::FirstN(df, size_t(std::max(0, nk - j)));
+            hn::Store(hn::IfThenElseZero(valid, hn::Mul(hn::GatherIndex(df, kbase, idx), ub)), df, ks + j);
+            hn::Store(hn::IfThenElseZero(valid, hn::Mul(hn::GatherIndex(df, vbase, idx), ub)), df, vs + j);
           }
-          if (hk == 0)  // the next block's scales (every head's), once per block
-            for (int j = 0; j < next.n; ++j)
-              if (j == 0 || next.scale[j] != next.scale[j - 1]) {
-                request(reinterpret_cast<const uint8_t*>(K.scale + next.scale[j]));
-                request(reinterpret_cast<const uint8_t*>(V.scale + next.scale[j]));
-              }
-          std::fill(ks + nk, ks + nkp, 0.0f);
-          std::fill(vs + nk, vs + nkp, 0.0f);
-        }
-        for (int j = 0; j < next.n; ++j) {  // the same head of the next block
-          pfk[j] = next.k[j] + kh;
-          pfv[j] = next.v[j] + vh;
-        }
-        for (int j = next.n; j < nkp; ++j) {  // past the next block's end: lines already here
-          pfk[j] = kp[std::min(j, nk - 1)];
-          pfv[j] = vp[std::min(j, nk - 1)];
+        } else if (quant) {
+          for (int j = 0; j < nkp; ++j) {
+            ks[j] = j < nk ? K.scale[cur.scale[j] + hk] * unbias : 0.0f;
+            vs[j] = j < nk ? V.scale[cur.scale[j] + hk] * unbias : 0.0f;
+          }
         }
       } else {
         load_kv_tile(K, hk, j0, j0 + nk, d, nk, kf, dp, p.rope_inv_freq, p.rope_neox);
         load_kv_tile(V, hk, j0, j0 + nk, dv, nk, vf, dvp);
-        for (int j = 0; j < nk; ++j) {
-          if (dp != d) std::fill(kf + size_t(j) * dp + d, kf + size_t(j) * dp + dp, 0.0f);
-          if (dvp != dv) std::fill(vf + size_t(j) * dvp + dv, vf + size_t(j) * dvp + dvp, 0.0f);
-          kp[j] = reinterpret_cast<const uint8_t*>(kf + size_t(j) * dp);
-          vp[j] = reinterpret_cast<const uint8_t*>(vf + size_t(j) * dvp);
-        }
+        if (dp != d || dvp != dv)
+          for (int j = 0; j < nk; ++j) {
+            std::fill(kf + size_t(j) * dp + d, kf + size_t(j) * dp + dp, 0.0f);
+            std::fill(vf + size_t(j) * dvp + dv, vf + size_t(j) * dvp + dvp, 0.0f);
+          }
       }
-      for (int j = nk; j < nkp; ++j) kp[j] = kp[nk - 1];  // whole passes of keys; results dropped
-      qk(qh, size_t(dp), kp, nk, rows, s, direct ? pfk : nullptr);
+      qk(qh, size_t(dp), cur.k, koff, nk, rows, s, pfk);
       const int nvec = nkp * nr / L;  // score vectors per pass
       for (int r0 = 0; r0 < rows; r0 += nr) {
         float* sp = s + size_t(r0) * kBlock;
@@ -483,7 +502,7 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
         const size_t st = (size_t(hk) * rows + r0) / nr * L;  // this pass's running state
         softmax_pass(sp, nvec, lay, quant ? vs : nullptr, m + st, l + st, alpha + r0);
       }
-      pv(s, vp, alpha, nk, rows, size_t(dvp), oh, direct ? pfv : nullptr);
+      pv(s, cur.v, voff, alpha, nk, rows, size_t(dvp), oh, pfv);
     }
     v0 = v1;
     cur_i = next_i;
