@@ -2,9 +2,11 @@
 // y = W x for each weight type at SmolLM2-135M's shapes and at 4096 x 4096, next to this
 // machine's read bandwidth measured in the same run.
 //
-//   escala_model_matmul_bench [--threads N] [--min-ms MS] [--batch M] [--portable]
+//   escala_model_matmul_bench [--threads N] [--min-ms MS] [--batch M] [--portable] [--gguf-rows]
 //
 // --portable turns off the AVX-512 VNNI kernels so the Highway (SSE4/AVX2/AVX-512) ones run.
+// q4_0/q4_1/q8_0 weights are stored in the VNNI layout first, as Model does; --gguf-rows reads
+// the GGUF rows instead (transposed per call). GOPS = GFLOP/s: 2 operations per multiply-add.
 #include <omp.h>
 
 #include <algorithm>
@@ -19,7 +21,10 @@
 #include "escala/quant.h"
 
 namespace escala::model {
-void set_vnni_enabled(bool enabled);  // src/model/quant_matmul_internal.h
+// src/model/quant_matmul_internal.h
+void set_vnni_enabled(bool enabled);
+bool store_weight(const WeightView& w);
+void release_stored(const void* data);
 }
 
 namespace {
@@ -76,14 +81,16 @@ int main(int argc, char** argv) {
   int threads = omp_get_max_threads();
   double min_ms = 200;
   int64_t batch = 1;
+  bool stored = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--min-ms" && i + 1 < argc) min_ms = std::atof(argv[++i]);
     else if (a == "--batch" && i + 1 < argc) batch = std::atoll(argv[++i]);
     else if (a == "--portable") escala::model::set_vnni_enabled(false);
+    else if (a == "--gguf-rows") stored = false;
     else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--min-ms MS] [--batch M] [--portable]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--min-ms MS] [--batch M] [--portable] [--gguf-rows]\n", argv[0]);
       return 2;
     }
   }
@@ -95,8 +102,9 @@ int main(int argc, char** argv) {
   const TensorType types[] = {TensorType::kQ4_1, TensorType::kQ4_0, TensorType::kQ8_0,
                               TensorType::kQ4_K, TensorType::kQ6_K, TensorType::kF16,
                               TensorType::kF32};
-  std::printf("threads %d, batch %lld, read bandwidth (sum over 512 MiB): %.1f GB/s\n", threads,
-              static_cast<long long>(batch), read_bandwidth_gbs(threads));
+  std::printf("threads %d, batch %lld, %s, read bandwidth (sum over 512 MiB): %.1f GB/s\n", threads,
+              static_cast<long long>(batch), stored ? "stored weights" : "GGUF rows",
+              read_bandwidth_gbs(threads));
   std::printf("%-20s %-6s %12s %10s %10s %10s\n", "shape", "type", "weights KiB", "us/call",
               "GB/s", "GFLOP/s");
   std::mt19937 rng(1);
@@ -121,8 +129,10 @@ int main(int argc, char** argv) {
       }
       escala::model::WeightView view{.type = t, .data = w.data(), .rows = s.rows, .cols = s.cols,
                                      .row_stride = *rb};
+      const bool kept = stored && escala::model::store_weight(view);
       double sec = best_seconds(
           [&] { (void)escala::model::matmul(view, x.data(), batch, y.data(), threads); }, min_ms);
+      if (kept) escala::model::release_stored(view.data);
       double bytes = static_cast<double>(w.size());
       double flops = 2.0 * static_cast<double>(s.rows * s.cols * batch);
       std::printf("%-20s %-6s %12.1f %10.1f %10.2f %10.2f\n", s.name,

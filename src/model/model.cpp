@@ -78,6 +78,7 @@ struct Model::Impl {
   RopeConfig rope;
   const GgufTensor *embed = nullptr, *out_norm = nullptr, *output = nullptr;
   std::vector<LayerWeights> layers;
+  StoredWeights stored;  // the matrices in the VNNI kernels' layout (quant_matmul_internal.h)
   std::unique_ptr<kv::KvCache> cache;
   bool keys_pre_rope = false;
   // Activations, grown on demand (never per token).
@@ -142,6 +143,9 @@ Status Model::Impl::load_weights() {
 #undef ESCALA_LOAD
   }
   for (const GgufTensor& t : file.tensors()) info.weight_bytes += t.size;
+  for (const LayerWeights& L : layers)
+    for (const GgufTensor* t : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) stored.add(t->as_matrix());
+  stored.add(output->as_matrix());
   return {};
 }
 

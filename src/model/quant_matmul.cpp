@@ -467,9 +467,11 @@ Status matmul(const WeightView& w_in, const float* x, int64_t m, float* y, int t
     thread_local VnniActs va_storage;
     const VnniActs* va = &va_storage;
     quantize_acts_vnni(x, m, w_in.cols, va_storage);
+    const std::shared_ptr<const StoredWeight> st = find_stored(w_in);
+    const StoredWeight* stp = st.get();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nchunks > 1 && nthreads > 1)
     for (int64_t c = 0; c < nchunks; ++c)
-      vnni_rows(args.w, *va, y, c * chunk, std::min(rows, (c + 1) * chunk));
+      vnni_rows(args.w, stp, *va, y, c * chunk, std::min(rows, (c + 1) * chunk));
     return {};
   }
 
@@ -549,13 +551,27 @@ Status matmul_group(std::span<const WeightView> ws, const float* x, int64_t m, s
   thread_local VnniActs va_storage;
   const VnniActs* va = &va_storage;
   quantize_acts_vnni(x, m, cols, va_storage);
+  thread_local std::vector<std::shared_ptr<const StoredWeight>> stored;
+  stored.clear();
+  for (const WeightView& w : views) stored.push_back(find_stored(w));
+  const auto* sw = &stored;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nchunks > 1 && nthreads > 1)
   for (int64_t c = 0; c < nchunks; ++c) {
     const auto [i, r0] = (*ch)[size_t(c)];
     const WeightView& w = (*vw)[size_t(i)];
-    vnni_rows(w, *va, ys[size_t(i)], r0, std::min(w.rows, r0 + chunk));
+    vnni_rows(w, (*sw)[size_t(i)].get(), *va, ys[size_t(i)], r0, std::min(w.rows, r0 + chunk));
   }
   return {};
+}
+
+StoredWeights::~StoredWeights() {
+  for (const void* k : keys_) release_stored(k);
+}
+
+void StoredWeights::add(const WeightView& w) {
+  if (!store_weight(w)) return;
+  keys_.push_back(w.data);
+  if (auto st = find_stored(w)) bytes_ += st->bytes;
 }
 
 void matmul_reference(const WeightView& w_in, const float* x, int64_t m, float* y) {

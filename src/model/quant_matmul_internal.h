@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -79,8 +80,47 @@ void set_vnni_enabled(bool enabled);
 bool vnni_handles(TensorType t);
 // Only when vnni_active(): these use AVX-512 themselves.
 void quantize_acts_vnni(const float* x, int64_t m, int64_t k, VnniActs& a);
-// Rows [row_begin, row_end) of y (m x w.rows) for w of type q4_0, q4_1 or q8_0.
-void vnni_rows(const WeightView& w, const VnniActs& a, float* y, int64_t row_begin,
+
+// A q4_0/q4_1/q8_0 weight stored once in the VNNI kernels' own layout (16 rows per slab, in the
+// lanes), so a product reads it sequentially and transposes nothing. Same bits as the GGUF rows.
+struct StoredWeight {
+  TensorType type = TensorType::kF32;
+  int64_t rows = 0, cols = 0;
+  uint64_t row_stride = 0;  // of the view it was made from
+  size_t bytes = 0;
+  uint8_t* data = nullptr;  // 64-byte aligned
+  StoredWeight() = default;
+  StoredWeight(const StoredWeight&) = delete;
+  StoredWeight& operator=(const StoredWeight&) = delete;
+  ~StoredWeight();
+};
+// Stores w, keyed by w.data, when the VNNI path is active and w is q4_0/q4_1/q8_0; false when it
+// did not (other type, no VNNI, already stored).
+bool store_weight(const WeightView& w);
+void release_stored(const void* data);
+// The stored copy of w (same data pointer, type, shape and stride), or null.
+std::shared_ptr<const StoredWeight> find_stored(const WeightView& w);
+
+// Rows [row_begin, row_end) of y (m x w.rows) for w of type q4_0, q4_1 or q8_0, from `st` (w's
+// stored copy; then row_begin must be a multiple of 16) or, when null, from w's rows.
+void vnni_rows(const WeightView& w, const StoredWeight* st, const VnniActs& a, float* y, int64_t row_begin,
                int64_t row_end);
+
+// The weights a model multiplies by, stored for the VNNI kernels for as long as this object lives
+// (Model holds one). Costs a second copy of those weights in memory (the GGUF mapping's pages are
+// then no longer read by the products).
+class StoredWeights {
+ public:
+  StoredWeights() = default;
+  StoredWeights(const StoredWeights&) = delete;
+  StoredWeights& operator=(const StoredWeights&) = delete;
+  ~StoredWeights();
+  void add(const WeightView& w);  // no-op when store_weight declines
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::vector<const void*> keys_;
+  size_t bytes_ = 0;
+};
 
 }  // namespace escala::model

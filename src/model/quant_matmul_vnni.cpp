@@ -15,6 +15,10 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
 
 #include "model/quant_blocks.h"
 #include "model/quant_matmul_internal.h"
@@ -56,7 +60,7 @@ constexpr int64_t kQsOffset = K == Kind::kQ4_1 ? 4 : 2;
 
 // ---- q4_0, q4_1, q8_0: 16 weight rows in the 16 lanes ----
 //
-// A slab of 16 weight rows is transposed once per call into `kPackedBlock` bytes per block:
+// A slab of 16 weight rows is transposed once per call into `kUnpackedBlock` bytes per block:
 // eight vectors of unsigned bytes, vector j holding bytes 4j..4j+3 of the block's levels in
 // natural element order for each of the 16 rows (lane n = row n), then the rows' 16 weight scales
 // d_w and offsets m_w as floats. Against that, vpdpbusd with one activation dword broadcast to
@@ -70,7 +74,7 @@ constexpr int64_t kQsOffset = K == Kind::kQ4_1 ? 4 : 2;
 // acc = fma(m_w, s_a, acc). Integer sums are exact, so a row's result is bit-identical alone or
 // in any batch.
 constexpr int kSlab = 16;
-constexpr int64_t kPackedBlock = 8 * 64 + 2 * 64;
+constexpr int64_t kUnpackedBlock = 8 * 64 + 2 * 64;  // a block of a slab in the L1 buffer
 
 // 4x4 transpose of dwords inside each 128-bit lane of a0..a3.
 ESCALA_VNNI_TARGET inline void transpose4(__m512i a0, __m512i a1, __m512i a2, __m512i a3, __m512i v[4]) {
@@ -152,12 +156,57 @@ ESCALA_VNNI_TARGET inline void unpack_block(const Slab& sl, int64_t b, __m512i w
   }
 }
 
+// Weights stored at load time (PackedWeights), per slab and block: q4_0/q4_1 the four transposed
+// dwords of nibbles as they are (vector c, lane n = bytes 4c..4c+3 of row n's qs), then the 16
+// rows' d and (q4_1) m as f16; q8_0 the eight transposed dwords of levels + 128, then d. Padded to
+// whole cache lines. Unpacking gives exactly unpack_block's vectors.
 template <Kind K>
-ESCALA_VNNI_TARGET void pack_slab(const Slab& sl, int64_t nb, uint8_t* out) {
-  for (int64_t b = 0; b < nb; ++b, out += kPackedBlock) {
+constexpr int64_t kStoredBlock = K == Kind::kQ8_0 ? 576 : 320;
+
+template <Kind K>
+ESCALA_VNNI_TARGET inline void stored_block(const uint8_t* p, __m512i w[8], __m512& dw, __m512& mw) {
+  if constexpr (K == Kind::kQ8_0) {
+    for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(p + 64 * j);
+    dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 512)));
+    mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
+  } else {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_load_si512(p + 64 * c);
+      w[c] = _mm512_and_si512(v, m4);
+      w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 256)));
+    if constexpr (K == Kind::kQ4_1) {
+      mw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 288)));
+    } else {
+      mw = _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+    }
+  }
+}
+
+// Where a slab's blocks come from: the GGUF rows (transposed per use) or the stored copy.
+template <Kind K>
+struct RawSrc {
+  Slab sl;
+  ESCALA_VNNI_TARGET void block(int64_t b, __m512i w[8], __m512& dw, __m512& mw) const {
+    unpack_block<K>(sl, b, w, dw, mw);
+  }
+};
+template <Kind K>
+struct StoredSrc {
+  const uint8_t* p;
+  ESCALA_VNNI_TARGET void block(int64_t b, __m512i w[8], __m512& dw, __m512& mw) const {
+    stored_block<K>(p + b * kStoredBlock<K>, w, dw, mw);
+  }
+};
+
+template <class Src>
+ESCALA_VNNI_TARGET void pack_slab(const Src& src, int64_t nb, uint8_t* out) {
+  for (int64_t b = 0; b < nb; ++b, out += kUnpackedBlock) {
     __m512i w[8];
     __m512 dw, mw;
-    unpack_block<K>(sl, b, w, dw, mw);
+    src.block(b, w, dw, mw);
     for (int j = 0; j < 8; ++j) _mm512_store_si512(out + 64 * j, w[j]);
     _mm512_store_ps(reinterpret_cast<float*>(out + 512), dw);
     _mm512_store_ps(reinterpret_cast<float*>(out + 576), mw);
@@ -197,7 +246,7 @@ ESCALA_VNNI_TARGET void slab_rows(const uint8_t* pk, const VnniActs& a, int64_t 
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int64_t nb = a.nb;
-  for (int64_t b = 0; b < nb; ++b, pk += kPackedBlock) {
+  for (int64_t b = 0; b < nb; ++b, pk += kUnpackedBlock) {
     __m512i w[8];
     for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(pk + 64 * j);
     const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(pk + 512));
@@ -208,8 +257,8 @@ ESCALA_VNNI_TARGET void slab_rows(const uint8_t* pk, const VnniActs& a, int64_t 
 }
 
 // Few activation rows (decode): each block is unpacked in registers and used at once.
-template <Kind K, int R>
-ESCALA_VNNI_TARGET void direct_rows(const Slab& sl, const VnniActs& a, float* y,
+template <int R, class Src>
+ESCALA_VNNI_TARGET void direct_rows(const Src& src, const VnniActs& a, float* y,
                                     int64_t ystride, __mmask16 live) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -217,7 +266,7 @@ ESCALA_VNNI_TARGET void direct_rows(const Slab& sl, const VnniActs& a, float* y,
   for (int64_t b = 0; b < nb; ++b) {
     __m512i w[8];
     __m512 dw, mw;
-    unpack_block<K>(sl, b, w, dw, mw);
+    src.block(b, w, dw, mw);
     for (int r = 0; r < R; ++r) block_step(w, dw, mw, a, r * nb + b, acc[r]);
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ystride, live, acc[r]);
@@ -241,17 +290,46 @@ struct AlignedBuf {
 // beyond, each slab is unpacked once into a buffer that every group of rows reads.
 constexpr int64_t kDirectMaxRows = 2;
 
+// A slab's product with every activation row.
+template <class Src>
+ESCALA_VNNI_TARGET void slab_product(const Src& src, const VnniActs& a, uint8_t* pk, float* yb, int64_t ystride,
+                                     __mmask16 live) {
+  if (a.m == 1) return direct_rows<1>(src, a, yb, ystride, live);
+  if (a.m == 2) return direct_rows<2>(src, a, yb, ystride, live);
+  pack_slab(src, a.nb, pk);
+  int64_t t = 0;
+  for (; t + 8 <= a.m; t += 8) slab_rows<8>(pk, a, t, yb, ystride, live);
+  if (t + 4 <= a.m) {
+    slab_rows<4>(pk, a, t, yb, ystride, live);
+    t += 4;
+  }
+  if (t + 2 <= a.m) {
+    slab_rows<2>(pk, a, t, yb, ystride, live);
+    t += 2;
+  }
+  if (t < a.m) slab_rows<1>(pk, a, t, yb, ystride, live);
+}
+
 template <Kind K>
-ESCALA_VNNI_TARGET void rows_impl(const WeightView& w, const VnniActs& a, float* y, int64_t row_begin,
-                                  int64_t row_end) {
+ESCALA_VNNI_TARGET void rows_impl(const WeightView& w, const StoredWeight* st, const VnniActs& a, float* y,
+                                  int64_t row_begin, int64_t row_end) {
   thread_local AlignedBuf buf, tail;
-  uint8_t* pk = a.m > kDirectMaxRows ? buf.get(static_cast<size_t>(a.nb * kPackedBlock)) : nullptr;
+  uint8_t* pk = a.m > kDirectMaxRows ? buf.get(static_cast<size_t>(a.nb * kUnpackedBlock)) : nullptr;
+  if (st) {  // row_begin is a multiple of kSlab (matmul's chunks)
+    for (int64_t n0 = row_begin; n0 < row_end; n0 += kSlab) {
+      const int valid = static_cast<int>(std::min<int64_t>(kSlab, row_end - n0));
+      const StoredSrc<K> src{st->data + (n0 / kSlab) * a.nb * kStoredBlock<K>};
+      slab_product(src, a, pk, y + n0, w.rows, static_cast<__mmask16>((1u << valid) - 1u));
+    }
+    return;
+  }
   const int64_t stride = static_cast<int64_t>(w.row_stride);
   const int64_t rbytes = a.nb * kBytes<K>;
   const auto* base = static_cast<const uint8_t*>(w.data);
   const auto* end = base + w.rows * stride;  // prefetches stay inside the matrix
   const int64_t slab_lines = (kSlab * stride + 63) / 64;
-  Slab sl;
+  RawSrc<K> src;
+  Slab& sl = src.sl;
   for (int64_t n0 = row_begin; n0 < row_end; n0 += kSlab) {
     const int valid = static_cast<int>(std::min<int64_t>(kSlab, row_end - n0));
     sl.p = base + n0 * stride;
@@ -267,28 +345,34 @@ ESCALA_VNNI_TARGET void rows_impl(const WeightView& w, const VnniActs& a, float*
     sl.pf = base + (n0 + kSlab) * stride;
     sl.pf_per_block = n0 + 2 * kSlab <= row_end ? (slab_lines + a.nb - 1) / a.nb : 0;
     if (sl.pf + slab_lines * 64 > end) sl.pf_per_block = 0;
-    const __mmask16 live = static_cast<__mmask16>((1u << valid) - 1u);
-    float* yb = y + n0;
-    if (a.m == 1) {
-      direct_rows<K, 1>(sl, a, yb, w.rows, live);
-      continue;
+    slab_product(src, a, pk, y + n0, w.rows, static_cast<__mmask16>((1u << valid) - 1u));
+  }
+}
+
+// The stored copy of w: rows in slabs of 16 (the last padded with its last row), blocks in the
+// layout stored_block reads.
+template <Kind K>
+void store_weight(const WeightView& w, uint8_t* out) {
+  const int64_t nb = w.cols / 32, nslabs = (w.rows + kSlab - 1) / kSlab;
+  const auto* base = static_cast<const uint8_t*>(w.data);
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < nslabs; ++s) {
+    for (int n = 0; n < kSlab; ++n) {
+      const uint8_t* row = base + std::min(s * kSlab + n, w.rows - 1) * static_cast<int64_t>(w.row_stride);
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = row + b * kBytes<K>;
+        uint8_t* o = out + (s * nb + b) * kStoredBlock<K>;
+        if constexpr (K == Kind::kQ8_0) {
+          for (int j = 0; j < 8; ++j)
+            for (int i = 0; i < 4; ++i) o[64 * j + 4 * n + i] = static_cast<uint8_t>(blk[2 + 4 * j + i] ^ 0x80);
+          std::memcpy(o + 512 + 2 * n, blk, 2);
+        } else {
+          for (int c = 0; c < 4; ++c) std::memcpy(o + 64 * c + 4 * n, blk + kQsOffset<K> + 4 * c, 4);
+          std::memcpy(o + 256 + 2 * n, blk, 2);
+          if constexpr (K == Kind::kQ4_1) std::memcpy(o + 288 + 2 * n, blk + 2, 2);
+        }
+      }
     }
-    if (a.m == 2) {
-      direct_rows<K, 2>(sl, a, yb, w.rows, live);
-      continue;
-    }
-    pack_slab<K>(sl, a.nb, pk);
-    int64_t t = 0;
-    for (; t + 8 <= a.m; t += 8) slab_rows<8>(pk, a, t, yb, w.rows, live);
-    if (t + 4 <= a.m) {
-      slab_rows<4>(pk, a, t, yb, w.rows, live);
-      t += 4;
-    }
-    if (t + 2 <= a.m) {
-      slab_rows<2>(pk, a, t, yb, w.rows, live);
-      t += 2;
-    }
-    if (t < a.m) slab_rows<1>(pk, a, t, yb, w.rows, live);
   }
 }
 
@@ -476,14 +560,73 @@ bool vnni_active() {
   return supported && g_vnni_enabled.load(std::memory_order_relaxed);
 }
 
-void vnni_rows(const WeightView& w, const VnniActs& a, float* y, int64_t row_begin,
+void vnni_rows(const WeightView& w, const StoredWeight* st, const VnniActs& a, float* y, int64_t row_begin,
                int64_t row_end) {
   switch (w.type) {
-    case TensorType::kQ4_0: return rows_impl<Kind::kQ4_0>(w, a, y, row_begin, row_end);
-    case TensorType::kQ4_1: return rows_impl<Kind::kQ4_1>(w, a, y, row_begin, row_end);
-    case TensorType::kQ8_0: return rows_impl<Kind::kQ8_0>(w, a, y, row_begin, row_end);
+    case TensorType::kQ4_0: return rows_impl<Kind::kQ4_0>(w, st, a, y, row_begin, row_end);
+    case TensorType::kQ4_1: return rows_impl<Kind::kQ4_1>(w, st, a, y, row_begin, row_end);
+    case TensorType::kQ8_0: return rows_impl<Kind::kQ8_0>(w, st, a, y, row_begin, row_end);
     default: return;
   }
+}
+
+namespace {
+std::shared_mutex g_stored_mu;
+std::unordered_map<const void*, std::shared_ptr<const StoredWeight>> g_stored;
+std::atomic<int> g_stored_count{0};
+}  // namespace
+
+StoredWeight::~StoredWeight() { std::free(data); }
+
+std::shared_ptr<const StoredWeight> find_stored(const WeightView& w) {
+  if (g_stored_count.load(std::memory_order_acquire) == 0) return nullptr;
+  std::shared_lock lock(g_stored_mu);
+  auto it = g_stored.find(w.data);
+  if (it == g_stored.end()) return nullptr;
+  const StoredWeight& s = *it->second;
+  const uint64_t stride = w.row_stride ? w.row_stride : row_bytes(w.type, w.cols).value_or(0);
+  if (s.type != w.type || s.rows != w.rows || s.cols != w.cols || s.row_stride != stride) return nullptr;
+  return it->second;
+}
+
+bool store_weight(const WeightView& w_in) {
+  if (!vnni_active() || !(w_in.type == TensorType::kQ4_0 || w_in.type == TensorType::kQ4_1 ||
+                          w_in.type == TensorType::kQ8_0))
+    return false;
+  WeightView w = w_in;
+  auto rb = row_bytes(w.type, w.cols);
+  if (!w.data || w.rows <= 0 || !rb) return false;
+  if (w.row_stride == 0) w.row_stride = *rb;
+  {
+    std::shared_lock lock(g_stored_mu);
+    if (g_stored.count(w.data)) return false;
+  }
+  const int64_t nb = w.cols / 32, nslabs = (w.rows + kSlab - 1) / kSlab;
+  const int64_t block = w.type == TensorType::kQ8_0 ? kStoredBlock<Kind::kQ8_0> : kStoredBlock<Kind::kQ4_1>;
+  const size_t bytes = static_cast<size_t>(nslabs * nb * block);
+  auto st = std::make_shared<StoredWeight>();
+  st->type = w.type;
+  st->rows = w.rows;
+  st->cols = w.cols;
+  st->row_stride = w.row_stride;
+  st->bytes = bytes;
+  st->data = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+  if (!st->data) return false;
+  std::memset(st->data, 0, bytes);
+  switch (w.type) {
+    case TensorType::kQ4_0: store_weight<Kind::kQ4_0>(w, st->data); break;
+    case TensorType::kQ4_1: store_weight<Kind::kQ4_1>(w, st->data); break;
+    default: store_weight<Kind::kQ8_0>(w, st->data); break;
+  }
+  std::unique_lock lock(g_stored_mu);
+  if (!g_stored.emplace(w.data, std::move(st)).second) return false;
+  g_stored_count.fetch_add(1, std::memory_order_release);
+  return true;
+}
+
+void release_stored(const void* data) {
+  std::unique_lock lock(g_stored_mu);
+  if (g_stored.erase(data)) g_stored_count.fetch_sub(1, std::memory_order_release);
 }
 
 void quantize_acts_vnni(const float* x, int64_t m, int64_t k, VnniActs& a) {
@@ -515,7 +658,11 @@ void vnni_rows_k(const WeightView& w, const VnniActsK& a, float* y, int64_t row_
 bool vnni_active() { return false; }
 void quantize_acts_vnni(const float*, int64_t, int64_t, VnniActs&) {}
 void quantize_acts_vnni_k(const float*, int64_t, int64_t, VnniActsK&) {}
-void vnni_rows(const WeightView&, const VnniActs&, float*, int64_t, int64_t) {}
+void vnni_rows(const WeightView&, const StoredWeight*, const VnniActs&, float*, int64_t, int64_t) {}
+StoredWeight::~StoredWeight() = default;
+std::shared_ptr<const StoredWeight> find_stored(const WeightView&) { return nullptr; }
+bool store_weight(const WeightView&) { return false; }
+void release_stored(const void*) {}
 void vnni_rows_k(const WeightView&, const VnniActsK&, float*, int64_t, int64_t) {}
 
 #endif

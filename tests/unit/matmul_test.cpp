@@ -197,6 +197,44 @@ TEST(QuantMatmul, EveryBatchSizeGivesTheSameBits) {
   }
 }
 
+TEST(QuantMatmul, StoredWeightsGiveTheSameBits) {
+  // A weight stored in the VNNI layout (as Model does) must give exactly what its GGUF rows give,
+  // for every m, alone and in matmul_group; released, the rows are read again.
+  for (TensorType t : {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0}) {
+    SCOPED_TRACE(std::string(tensor_type_name(t)));
+    const int64_t rows = 37, cols = 576;
+    Fixture f = make_weights(t, rows, cols, 41);
+    Fixture g = make_weights(t, rows, cols, 42);
+    auto x = make_acts(17, cols, 43);
+    for (int64_t m : {1, 2, 3, 8, 17}) {
+      std::vector<float> plain(size_t(m * rows)), plain_g(size_t(m * rows));
+      ASSERT_TRUE(matmul(f.w, x.data(), m, plain.data()).ok());
+      ASSERT_TRUE(matmul(g.w, x.data(), m, plain_g.data()).ok());
+      std::vector<float> y(size_t(m * rows)), y0(size_t(m * rows)), y1(size_t(m * rows));
+      {
+        StoredWeights stored;
+        stored.add(f.w);
+        stored.add(g.w);
+        stored.add(f.w);  // a second add is a no-op
+        EXPECT_EQ(find_stored(f.w) != nullptr, vnni_active());
+        ASSERT_TRUE(matmul(f.w, x.data(), m, y.data()).ok());
+        EXPECT_EQ(y, plain) << "m=" << m;
+        const WeightView ws[2] = {f.w, g.w};
+        float* const ys[2] = {y0.data(), y1.data()};
+        ASSERT_TRUE(matmul_group(ws, x.data(), m, ys, 2).ok());
+        EXPECT_EQ(y0, plain) << "group m=" << m;
+        EXPECT_EQ(y1, plain_g) << "group m=" << m;
+        WeightView other = f.w;
+        other.rows = 20;  // another view of the same data is not the stored weight
+        EXPECT_EQ(find_stored(other), nullptr);
+      }
+      EXPECT_EQ(find_stored(f.w), nullptr);
+      ASSERT_TRUE(matmul(f.w, x.data(), m, y.data()).ok());
+      EXPECT_EQ(y, plain);
+    }
+  }
+}
+
 TEST(QuantMatmul, StridedRowsAndBadViews) {
   Fixture f = make_weights(TensorType::kQ8_0, 8, 64, 3);
   // The same rows with 6 bytes of padding between them.
