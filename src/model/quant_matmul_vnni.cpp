@@ -240,13 +240,17 @@ ESCALA_VNNI_TARGET inline void block_step(const __m512i w[8], __m512 dw, __m512 
 
 // R activation rows from t0 against a packed slab; y + t * ystride is activation row t's output
 // for the slab's first weight row; `live` masks the slab's valid rows.
+// `pf_per_block` lines from `pf` (the next slab) are prefetched per block.
 template <int R>
 ESCALA_VNNI_TARGET void slab_rows(const uint8_t* pk, const VnniActs& a, int64_t t0, float* y,
-                                  int64_t ystride, __mmask16 live) {
+                                  int64_t ystride, __mmask16 live, const uint8_t* pf = nullptr,
+                                  int64_t pf_per_block = 0) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const int64_t nb = a.nb;
   for (int64_t b = 0; b < nb; ++b, pk += kUnpackedBlock) {
+    for (int64_t i = 0; i < pf_per_block; ++i)
+      _mm_prefetch(reinterpret_cast<const char*>(pf + (b * pf_per_block + i) * 64), _MM_HINT_T0);
     __m512i w[8];
     for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(pk + 64 * j);
     const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(pk + 512));
@@ -291,13 +295,19 @@ struct AlignedBuf {
 constexpr int64_t kDirectMaxRows = 2;
 
 // A slab's product with every activation row.
+// `next` (null: none) is the next slab of stored weights, `next_bytes` long: prefetched while
+// this one is multiplied, so its memory latency overlaps the arithmetic.
 template <class Src>
 ESCALA_VNNI_TARGET void slab_product(const Src& src, const VnniActs& a, uint8_t* pk, float* yb, int64_t ystride,
-                                     __mmask16 live) {
+                                     __mmask16 live, const uint8_t* next = nullptr, int64_t next_bytes = 0) {
   if (a.m == 1) return direct_rows<1>(src, a, yb, ystride, live);
   if (a.m == 2) return direct_rows<2>(src, a, yb, ystride, live);
   pack_slab(src, a.nb, pk);
   int64_t t = 0;
+  if (next && a.m >= 8) {
+    slab_rows<8>(pk, a, t, yb, ystride, live, next, (next_bytes / 64 + a.nb - 1) / a.nb);
+    t += 8;
+  }
   for (; t + 8 <= a.m; t += 8) slab_rows<8>(pk, a, t, yb, ystride, live);
   if (t + 4 <= a.m) {
     slab_rows<4>(pk, a, t, yb, ystride, live);
@@ -318,8 +328,10 @@ ESCALA_VNNI_TARGET void rows_impl(const WeightView& w, const StoredWeight* st, c
   if (st) {  // row_begin is a multiple of kSlab (matmul's chunks)
     for (int64_t n0 = row_begin; n0 < row_end; n0 += kSlab) {
       const int valid = static_cast<int>(std::min<int64_t>(kSlab, row_end - n0));
-      const StoredSrc<K> src{st->data + (n0 / kSlab) * a.nb * kStoredBlock<K>};
-      slab_product(src, a, pk, y + n0, w.rows, static_cast<__mmask16>((1u << valid) - 1u));
+      const int64_t slab_bytes = a.nb * kStoredBlock<K>;
+      const StoredSrc<K> src{st->data + (n0 / kSlab) * slab_bytes};
+      slab_product(src, a, pk, y + n0, w.rows, static_cast<__mmask16>((1u << valid) - 1u),
+                   n0 + kSlab < row_end ? src.p + slab_bytes : nullptr, slab_bytes);
     }
     return;
   }
