@@ -1,6 +1,8 @@
 // The CPU flash kernel: Q tiles against K/V tiles with the online softmax (FlashAttention), never
-// holding more than one Bq x Bk score tile. Work items are (sequence, head, q-tile), spread over
-// OpenMP threads, longest first.
+// holding more than one Bq x Bk score tile per q-tile. A work item is up to kUnits (query head,
+// q-tile) units of one sequence that share a kv head; each K/V tile is converted to f32 once per
+// item and used by every unit that sees it (the next q-tiles of a head, or the heads of a GQA
+// group), not once per q-tile. Items are spread over OpenMP threads, longest first.
 //
 // Layout choice: queries are the SIMD lanes. Q is held transposed (Qt[c][i]) and K, V row-major in
 // f32, so both products are broadcast-FMA microkernels with no horizontal reductions, and the
@@ -16,6 +18,7 @@
 #include <limits>
 #include <vector>
 
+#include "attention/cpu/exp-inl.h"
 #include "attention/cpu/kernels.h"
 #include "attention/cpu/tile_load-inl.h"
 #include "attention/kv_layout.h"
@@ -31,24 +34,33 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-constexpr int kQVecs = 4;   // query vectors per tile: Bq = kQVecs * lanes
-constexpr int kBk = 64;     // keys per tile
+constexpr int kQVecs = 4;     // query vectors per tile: Bq = kQVecs * lanes
+constexpr int kBk = 64;       // keys per tile
 constexpr int kKeyBlock = 4;  // keys per QK microkernel step
 constexpr int kValBlock = 4;  // value columns per PV microkernel step
+constexpr int kUnits = 4;     // (head, q-tile) units per work item
+// Lazy rescaling: a row keeps the maximum it subtracts before exp until a score exceeds it by more
+// than this (natural-log units), so exp(s - m) <= e^8 and O and l are rescaled only when the max
+// grows that much. Exact: O and l carry the same m and the final normalisation divides them.
+constexpr float kRescaleThreshold = 8.0f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Per-thread scratch: the only memory the kernel uses besides inputs and outputs; it depends on
 // the tile sizes and head dims, never on the sequence length.
 struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> qt, kf, vf, st, ot, m, l;
-  void init(int d, int dv, int bq) {
-    qt = hwy::AllocateAligned<float>(size_t(d) * bq);
+  size_t qt_size = 0, ot_size = 0, bq = 0;
+  void init(int d, int dv, int bq_) {
+    bq = size_t(bq_);
+    qt_size = size_t(d) * bq;
+    ot_size = size_t(dv) * bq;
+    qt = hwy::AllocateAligned<float>(kUnits * qt_size);
     kf = hwy::AllocateAligned<float>(size_t(kBk) * d);
     vf = hwy::AllocateAligned<float>(size_t(kBk) * dv);
     st = hwy::AllocateAligned<float>(size_t(kBk) * bq);
-    ot = hwy::AllocateAligned<float>(size_t(dv) * bq);
-    m = hwy::AllocateAligned<float>(bq);
-    l = hwy::AllocateAligned<float>(bq);
+    ot = hwy::AllocateAligned<float>(kUnits * ot_size);
+    m = hwy::AllocateAligned<float>(kUnits * bq);
+    l = hwy::AllocateAligned<float>(kUnits * bq);
   }
 };
 
@@ -100,55 +112,81 @@ HWY_ATTR void pv_tile(const float* HWY_RESTRICT p, const float* HWY_RESTRICT vf,
   }
 }
 
+struct Unit {
+  int32_t h, q_tile;
+};
 struct WorkItem {
-  int32_t b, h, q_tile;
+  int32_t b, n;  // sequence, units
+  Unit u[kUnits];
   int64_t cost;
 };
 
-// One (sequence, head, q-tile): the whole online-softmax loop over the visible K/V tiles.
+// The rows of one unit and the keys they may see: [0, sink_end) and [window_lo, key_end).
+struct UnitRange {
+  int64_t i_lo, i_hi, pos_lo, pos_hi;
+  int64_t key_end, window_lo, sink_end;
+  bool sees(int64_t j0, int64_t j1) const { return j0 < sink_end || (j1 > window_lo && j0 < key_end); }
+};
+
+// One work item: each unit's online softmax over the K/V tiles it sees. Tiles are aligned to
+// multiples of kBk keys, so a unit visits the same tiles whatever the other units of its item.
 HWY_ATTR void run_item(const AttentionParams& p, const WorkItem& w, Scratch& s) {
   const DF df;
   const int L = int(hn::Lanes(df));
   const int bq = kQVecs * L;
   const int d = p.head_dim, dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
-  const int group = p.num_heads / p.num_kv_heads, hk = w.h / group;
+  const int group = p.num_heads / p.num_kv_heads, hk = w.u[0].h / group;
   const int64_t q0 = p.cu_seqlens_q[w.b], q_len = p.cu_seqlens_q[w.b + 1] - q0;
   const int64_t kv_len = p.cu_seqlens_k[w.b + 1] - p.cu_seqlens_k[w.b];
-  const int64_t i_lo = int64_t(w.q_tile) * bq, i_hi = std::min<int64_t>(q_len, i_lo + bq);
-  const int64_t pos_lo = i_lo + kv_len - q_len, pos_hi = i_hi - 1 + kv_len - q_len;
   const Mask mask{p.causal, p.window_left, p.window_right, p.num_sinks};
   const float scale = effective_scale(p);
   const KvSeq K = make_kv_seq(p, w.b, false), V = make_kv_seq(p, w.b, true);
 
-  // Q tile, transposed and pre-scaled; padding rows are zero.
-  float* qt = s.qt.get();
-  std::fill(qt, qt + size_t(d) * bq, 0.0f);
-  {
+  // Per unit: Q tile transposed and pre-scaled (padding rows zero), O, m, l, visible keys.
+  UnitRange ur[kUnits];
+  int64_t t_lo = kv_len, t_hi = 0;
+  for (int u = 0; u < w.n; ++u) {
+    UnitRange& r = ur[u];
+    r.i_lo = int64_t(w.u[u].q_tile) * bq;
+    r.i_hi = std::min<int64_t>(q_len, r.i_lo + bq);
+    r.pos_lo = r.i_lo + kv_len - q_len;
+    r.pos_hi = r.i_hi - 1 + kv_len - q_len;
+    r.key_end = mask.key_end(r.pos_hi, kv_len);
+    const int64_t win_begin = std::min(mask.window_begin(r.pos_lo), r.key_end);
+    r.sink_end = std::min<int64_t>(p.num_sinks, win_begin);
+    r.window_lo = std::max(win_begin, r.sink_end);
+    if (r.sink_end > 0) t_lo = 0;
+    if (r.window_lo < r.key_end) {
+      t_lo = std::min(t_lo, r.window_lo);
+      t_hi = std::max(t_hi, r.key_end);
+    }
+    t_hi = std::max(t_hi, r.sink_end);
+
+    float* qt = s.qt.get() + u * s.qt_size;
+    std::fill(qt, qt + size_t(d) * bq, 0.0f);
     float row[256];
     const size_t qb = dtype_size(p.q_dtype);
-    for (int64_t i = i_lo; i < i_hi; ++i) {
-      const auto* src = static_cast<const uint8_t*>(p.q) + ((q0 + i) * p.q_row_stride + w.h * p.q_head_stride) * qb;
+    for (int64_t i = r.i_lo; i < r.i_hi; ++i) {
+      const auto* src =
+          static_cast<const uint8_t*>(p.q) + ((q0 + i) * p.q_row_stride + w.u[u].h * p.q_head_stride) * qb;
       row_to_f32(src, p.q_dtype, d, scale, row);
-      for (int c = 0; c < d; ++c) qt[size_t(c) * bq + (i - i_lo)] = row[c];
+      for (int c = 0; c < d; ++c) qt[size_t(c) * bq + (i - r.i_lo)] = row[c];
     }
+    float* ot = s.ot.get() + u * s.ot_size;
+    std::fill(ot, ot + size_t(dv) * bq, 0.0f);
+    std::fill(s.m.get() + u * bq, s.m.get() + (u + 1) * bq, kNegInf);
+    std::fill(s.l.get() + u * bq, s.l.get() + (u + 1) * bq, 0.0f);
   }
-  float* ot = s.ot.get();
-  std::fill(ot, ot + size_t(dv) * bq, 0.0f);
-  float* m = s.m.get();
-  float* l = s.l.get();
-  std::fill(m, m + bq, kNegInf);
-  std::fill(l, l + bq, 0.0f);
 
-  // Keys to visit: the sinks below the window, then the window up to the last visible key.
-  const int64_t key_end = mask.key_end(pos_hi, kv_len);
-  const int64_t win_begin = std::min(mask.window_begin(pos_lo), key_end);
-  const int64_t sink_end = std::min<int64_t>(p.num_sinks, win_begin);
-  auto visit = [&](int64_t j0, int64_t j1) HWY_ATTR {
+  // One unit against keys [j0, j1) of the tile in s.kf / s.vf.
+  auto visit = [&](int u, int64_t j0, int64_t j1) HWY_ATTR {
+    const UnitRange& r = ur[u];
     const int nk = int(j1 - j0);
-    load_kv_tile(K, hk, j0, j1, d, kBk, s.kf.get(), d, p.rope_inv_freq, p.rope_neox);
-    load_kv_tile(V, hk, j0, j1, dv, nk, s.vf.get(), dv);
     float* st = s.st.get();
-    qk_tile(qt, s.kf.get(), d, bq, st);
+    float* ot = s.ot.get() + u * s.ot_size;
+    float* m = s.m.get() + u * bq;
+    float* l = s.l.get() + u * bq;
+    qk_tile(s.qt.get() + u * s.qt_size, s.kf.get(), d, bq, st);
     if (p.softcap > 0.0f) {
       const VF cap = hn::Set(df, p.softcap), inv = hn::Set(df, 1.0f / p.softcap);
       for (int j = 0; j < nk; ++j)
@@ -159,61 +197,96 @@ HWY_ATTR void run_item(const AttentionParams& p, const WorkItem& w, Scratch& s) 
     }
     // Per-element masking only where some (row, key) pair of the tile may be invisible.
     const int64_t jl = j1 - 1;
-    const bool full = (!p.causal || jl <= pos_lo) &&
-                      (p.window_left < 0 || j0 >= pos_hi - p.window_left || j1 <= p.num_sinks) &&
-                      (p.window_right < 0 || jl <= pos_lo + p.window_right || j1 <= p.num_sinks);
+    const bool full = (!p.causal || jl <= r.pos_lo) && jl < kv_len &&
+                      (p.window_left < 0 || j0 >= r.pos_hi - p.window_left || j1 <= p.num_sinks) &&
+                      (p.window_right < 0 || jl <= r.pos_lo + p.window_right || j1 <= p.num_sinks);
     if (!full) {
-      for (int j = 0; j < nk; ++j)
-        for (int64_t i = i_lo; i < i_hi; ++i)
-          if (!mask.visible(i + kv_len - q_len, j0 + j)) st[size_t(j) * bq + (i - i_lo)] = kNegInf;
+      // Mask::visible for a vector of query positions (lanes) and one key j: causal j <= pos,
+      // window pos - left <= j <= pos + right unless j is a sink. Padding rows are masked too
+      // (their results are dropped).
+      const hn::RebindToSigned<DF> di;
+      for (int v = 0; v < kQVecs; ++v) {
+        const auto pos = hn::Add(hn::Iota(di, 0), hn::Set(di, int32_t(r.pos_lo + v * L)));
+        const auto row_ok = hn::RebindMask(df, hn::Lt(hn::Iota(di, 0), hn::Set(di, int32_t(r.i_hi - r.i_lo - v * L))));
+        for (int j = 0; j < nk; ++j) {
+          const int32_t k = int32_t(j0 + j);
+          auto vis = row_ok;
+          if (p.causal) vis = hn::And(vis, hn::RebindMask(df, hn::Gt(pos, hn::Set(di, k - 1))));
+          if (k >= p.num_sinks) {
+            if (p.window_left >= 0) vis = hn::And(vis, hn::RebindMask(df, hn::Lt(pos, hn::Set(di, k + p.window_left + 1))));
+            if (p.window_right >= 0) vis = hn::And(vis, hn::RebindMask(df, hn::Gt(pos, hn::Set(di, k - p.window_right - 1))));
+          }
+          float* x = st + size_t(j) * bq + v * L;
+          hn::Store(hn::IfThenElse(vis, hn::Load(df, x), hn::Set(df, kNegInf)), df, x);
+        }
+      }
     }
-    // Online softmax, one query per lane.
+    // Online softmax, one query per lane, with lazy rescaling.
+    const VF thr = hn::Set(df, kRescaleThreshold), neg_inf = hn::Set(df, kNegInf);
     for (int v = 0; v < kQVecs; ++v) {
-      VF mx = hn::Load(df, m + v * L);
-      const VF m_old = mx;
+      const VF m_old = hn::Load(df, m + v * L);
+      VF mx = m_old;
       for (int j = 0; j < nk; ++j) mx = hn::Max(mx, hn::Load(df, st + size_t(j) * bq + v * L));
-      // All-masked rows keep m = -inf; subtract 0 there so exp(-inf) = 0 and no NaN appears.
-      const auto empty = hn::Eq(mx, hn::Set(df, kNegInf));
-      const VF m_use = hn::IfThenZeroElse(empty, mx);
-      const VF alpha = hn::Exp(df, hn::Sub(m_old, m_use));
+      // Lanes whose max grew by more than the threshold (or that saw their first key) move to it.
+      const auto grow = hn::Gt(mx, hn::Add(m_old, thr));
+      const VF m_new = hn::IfThenElse(grow, mx, m_old);
+      // Rows with nothing visible yet keep m = -inf; subtract 0 there so exp(-inf) = 0, no NaN.
+      const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
       VF sum = hn::Zero(df);
       for (int j = 0; j < nk; ++j) {
         float* x = st + size_t(j) * bq + v * L;
-        const VF e = hn::Exp(df, hn::Sub(hn::Load(df, x), m_use));
+        const VF e = SoftmaxExp(df, hn::Sub(hn::Load(df, x), m_use));
         sum = hn::Add(sum, e);
         hn::Store(e, df, x);
       }
+      if (hn::AllFalse(df, grow)) {
+        hn::Store(hn::Add(hn::Load(df, l + v * L), sum), df, l + v * L);
+        continue;
+      }
+      const VF alpha = SoftmaxExp(df, hn::Sub(m_old, m_use));  // 1 where the max was kept, 0 where none
       hn::Store(hn::MulAdd(hn::Load(df, l + v * L), alpha, sum), df, l + v * L);
-      hn::Store(mx, df, m + v * L);
-      if (!hn::AllTrue(df, hn::Eq(alpha, hn::Set(df, 1.0f)))) {
-        for (int c = 0; c < dv; ++c) {
-          float* o = ot + size_t(c) * bq + v * L;
-          hn::Store(hn::Mul(hn::Load(df, o), alpha), df, o);
-        }
+      hn::Store(m_new, df, m + v * L);
+      for (int c = 0; c < dv; ++c) {
+        float* o = ot + size_t(c) * bq + v * L;
+        hn::Store(hn::Mul(hn::Load(df, o), alpha), df, o);
       }
     }
     pv_tile(st, s.vf.get(), dv, bq, nk, ot);
   };
-  for (int64_t j0 = 0; j0 < sink_end; j0 += kBk) visit(j0, std::min<int64_t>(j0 + kBk, sink_end));
-  for (int64_t j0 = std::max(win_begin, sink_end); j0 < key_end; j0 += kBk)
-    visit(j0, std::min<int64_t>(j0 + kBk, key_end));
+
+  // Tiles aligned to kBk over the union of the units' visible keys; each tile is converted once.
+  for (int64_t j0 = t_lo / kBk * kBk; j0 < t_hi; j0 += kBk) {
+    const int64_t j1 = std::min<int64_t>(j0 + kBk, t_hi);
+    bool any = false;
+    for (int u = 0; u < w.n; ++u) any = any || ur[u].sees(j0, j1);
+    if (!any) continue;
+    load_kv_tile(K, hk, j0, j1, d, kBk, s.kf.get(), d, p.rope_inv_freq, p.rope_neox);
+    load_kv_tile(V, hk, j0, j1, dv, int(j1 - j0), s.vf.get(), dv);
+    for (int u = 0; u < w.n; ++u)
+      if (ur[u].sees(j0, j1)) visit(u, j0, j1);
+  }
 
   // Epilogue: normalise, fold in the learned sink logit, write O (and LSE).
   const size_t ob = dtype_size(p.o_dtype);
-  for (int64_t i = i_lo; i < i_hi; ++i) {
-    const int r = int(i - i_lo);
-    float mr = m[r], lr = l[r], wscale = 1.0f;
-    if (p.sink_logits) {
-      const float sink = p.sink_logits[w.h];
-      const float mf = std::max(mr, sink);
-      wscale = lr > 0.0f ? std::exp(mr - mf) : 0.0f;
-      lr = lr * wscale + std::exp(sink - mf);
-      mr = mf;
+  for (int u = 0; u < w.n; ++u) {
+    const UnitRange& r = ur[u];
+    const int h = w.u[u].h;
+    const float* ot = s.ot.get() + u * s.ot_size;
+    for (int64_t i = r.i_lo; i < r.i_hi; ++i) {
+      const int row = int(i - r.i_lo);
+      float mr = s.m[u * bq + row], lr = s.l[u * bq + row], wscale = 1.0f;
+      if (p.sink_logits) {
+        const float sink = p.sink_logits[h];
+        const float mf = std::max(mr, sink);
+        wscale = lr > 0.0f ? std::exp(mr - mf) : 0.0f;
+        lr = lr * wscale + std::exp(sink - mf);
+        mr = mf;
+      }
+      const float inv = lr > 0.0f ? wscale / lr : 0.0f;
+      auto* dst = static_cast<uint8_t*>(p.o) + ((q0 + i) * p.o_row_stride + h * p.o_head_stride) * ob;
+      for (int c = 0; c < dv; ++c) store_float(dst, p.o_dtype, c, ot[size_t(c) * bq + row] * inv);
+      if (p.lse) p.lse[(q0 + i) * p.num_heads + h] = lr > 0.0f ? mr + std::log(lr) : kNegInf;
     }
-    const float inv = lr > 0.0f ? wscale / lr : 0.0f;
-    auto* dst = static_cast<uint8_t*>(p.o) + ((q0 + i) * p.o_row_stride + w.h * p.o_head_stride) * ob;
-    for (int c = 0; c < dv; ++c) store_float(dst, p.o_dtype, c, ot[size_t(c) * bq + r] * inv);
-    if (p.lse) p.lse[(q0 + i) * p.num_heads + w.h] = lr > 0.0f ? mr + std::log(lr) : kNegInf;
   }
 }
 
@@ -222,17 +295,30 @@ HWY_ATTR void run_item(const AttentionParams& p, const WorkItem& w, Scratch& s) 
 HWY_ATTR void FlashAttentionImpl(const AttentionParams& p, int num_threads, SeqRange range) {
   const int bq = kQVecs * int(hn::Lanes(DF()));
   const int dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
+  const int group = p.num_heads / p.num_kv_heads;
   std::vector<WorkItem> items;
   for (int32_t b = 0; b < p.batch; ++b) {
     const int64_t q_len = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
     const int64_t kv_len = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
     if (!range.covers(q_len)) continue;
     const int32_t tiles = int32_t((q_len + bq - 1) / bq);
-    for (int32_t t = 0; t < tiles; ++t) {
-      // Cost ~ keys visited: later tiles see more keys under a causal mask.
-      const int64_t last = std::min<int64_t>(q_len, int64_t(t + 1) * bq) - 1 + kv_len - q_len;
-      const int64_t cost = p.causal ? std::max<int64_t>(1, std::min(kv_len, last + 1)) : kv_len + 1;
-      for (int32_t h = 0; h < p.num_heads; ++h) items.push_back({b, h, t, cost});
+    // Units of one kv head, q-tile major (consecutive q-tiles see nearly the same keys), grouped
+    // by kUnits into items.
+    for (int32_t hk = 0; hk < p.num_kv_heads; ++hk) {
+      WorkItem it{b, 0, {}, 0};
+      for (int32_t t = 0; t < tiles; ++t)
+        for (int32_t g = 0; g < group; ++g) {
+          // Cost ~ keys visited: later tiles see more keys under a causal mask.
+          const int64_t last = std::min<int64_t>(q_len, int64_t(t + 1) * bq) - 1 + kv_len - q_len;
+          const int64_t cost = p.causal ? std::max<int64_t>(1, std::min(kv_len, last + 1)) : kv_len + 1;
+          it.u[it.n++] = {hk * group + g, t};
+          it.cost += cost;
+          if (it.n == kUnits) {
+            items.push_back(it);
+            it = WorkItem{b, 0, {}, 0};
+          }
+        }
+      if (it.n > 0) items.push_back(it);
     }
   }
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
