@@ -22,6 +22,7 @@
 #include <limits>
 #include <vector>
 
+#include "attention/cpu/exp-inl.h"
 #include "attention/cpu/kernels.h"
 #include "attention/cpu/tile_load-inl.h"
 #include "attention/kv_layout.h"
@@ -141,7 +142,7 @@ HWY_INLINE void request(const uint8_t* p) { __builtin_prefetch(p, 0, 3); }
 // softmax and PV work in. pk (null: none): the rows to request meanwhile, at pk[j] + off.
 template <DType T, int NR>
 HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* const* kb, size_t off, int nk,
-                      float* HWY_RESTRICT s, const uint8_t* const* pk) {
+                      float* HWY_RESTRICT s, const uint8_t* const* pk, size_t poff) {
   const DF df;
   constexpr int NK = std::max(1, kLanes / NR);
   for (int j = 0; j < nk; j += NK) {
@@ -151,7 +152,7 @@ HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* con
     for (int kk = 0; kk < NK; ++kk) k[kk] = kb[j + kk] + off;
     if (pk)
       for (int kk = 0; kk < NK; ++kk)
-        for (size_t b = 0; b < dp * kElemBytes<T>; b += 64) request(pk[j + kk] + off + b);
+        for (size_t b = 0; b < dp * kElemBytes<T>; b += 64) request(pk[j + kk] + poff + b);
     for (size_t c = 0; c < dp; c += kLanes) {
       VF qv[NR];
       for (int r = 0; r < NR; ++r) qv[r] = hn::Load(df, q + r * dp + c);
@@ -169,7 +170,7 @@ HWY_ATTR void qk_pass(const float* HWY_RESTRICT q, size_t dp, const uint8_t* con
 template <DType T, int NR, int NV>
 HWY_ATTR HWY_INLINE void pv_chunk(const float* HWY_RESTRICT w, const uint8_t* const* vb, size_t off,
                                   const float* alpha, int nk, size_t dvp, size_t c0, float* HWY_RESTRICT o,
-                                  const uint8_t* const* pv) {
+                                  const uint8_t* const* pv, size_t poff) {
   const DF df;
   VF acc[NR][NV];
   for (int r = 0; r < NR; ++r) {
@@ -182,7 +183,7 @@ HWY_ATTR HWY_INLINE void pv_chunk(const float* HWY_RESTRICT w, const uint8_t* co
     const uint8_t* vr = vb[j] + off;
     for (int v = 0; v < NV; ++v) {
       const size_t c = c0 + v * kLanes;
-      if (pv && (c * kElemBytes<T>) % 64 == 0) request(pv[j] + off + c * kElemBytes<T>);
+      if (pv && (c * kElemBytes<T>) % 64 == 0) request(pv[j] + poff + c * kElemBytes<T>);
       const VF x = load_lanes<T>(df, vr, c);
       for (int r = 0; r < NR; ++r) acc[r][v] = hn::MulAdd(wr[r], x, acc[r][v]);
     }
@@ -195,31 +196,33 @@ HWY_ATTR HWY_INLINE void pv_chunk(const float* HWY_RESTRICT w, const uint8_t* co
 // (as many accumulators as the registers hold), the rest one vector at a time.
 template <DType T, int NR>
 HWY_ATTR void pv_pass(const float* HWY_RESTRICT w, const uint8_t* const* vb, size_t off, const float* alpha, int nk,
-                      size_t dvp, float* HWY_RESTRICT o, const uint8_t* const* pv) {
+                      size_t dvp, float* HWY_RESTRICT o, const uint8_t* const* pv, size_t poff) {
   constexpr int NV = std::max(1, (kLanes >= 16 ? 16 : 8) / NR);
   size_t c0 = 0;
-  for (; c0 + NV * kLanes <= dvp; c0 += NV * kLanes) pv_chunk<T, NR, NV>(w, vb, off, alpha, nk, dvp, c0, o, pv);
-  for (; c0 < dvp; c0 += kLanes) pv_chunk<T, NR, 1>(w, vb, off, alpha, nk, dvp, c0, o, pv);
+  for (; c0 + NV * kLanes <= dvp; c0 += NV * kLanes) pv_chunk<T, NR, NV>(w, vb, off, alpha, nk, dvp, c0, o, pv, poff);
+  for (; c0 < dvp; c0 += kLanes) pv_chunk<T, NR, 1>(w, vb, off, alpha, nk, dvp, c0, o, pv, poff);
 }
 
 // All rows of one kv head (rows a multiple of NR) against one block of keys; the first pass
 // requests the next block's rows.
 template <DType T, int NR>
 HWY_ATTR void qk_rows(const float* q, size_t dp, const uint8_t* const* kb, size_t off, int nk, int rows, float* s,
-                      const uint8_t* const* pk) {
+                      const uint8_t* const* pk, size_t poff) {
   for (int r = 0; r < rows; r += NR)
-    qk_pass<T, NR>(q + size_t(r) * dp, dp, kb, off, nk, s + size_t(r) * kBlock, r == 0 ? pk : nullptr);
+    qk_pass<T, NR>(q + size_t(r) * dp, dp, kb, off, nk, s + size_t(r) * kBlock, r == 0 ? pk : nullptr, poff);
 }
 template <DType T, int NR>
 HWY_ATTR void pv_rows(const float* w, const uint8_t* const* vb, size_t off, const float* alpha, int nk, int rows,
-                      size_t dvp, float* o, const uint8_t* const* pv) {
+                      size_t dvp, float* o, const uint8_t* const* pv, size_t poff) {
   for (int r = 0; r < rows; r += NR)
-    pv_pass<T, NR>(w + size_t(r) * kBlock, vb, off, alpha + r, nk, dvp, o + size_t(r) * dvp, r == 0 ? pv : nullptr);
+    pv_pass<T, NR>(w + size_t(r) * kBlock, vb, off, alpha + r, nk, dvp, o + size_t(r) * dvp, r == 0 ? pv : nullptr,
+                   poff);
 }
 
-using QkFn = void (*)(const float*, size_t, const uint8_t* const*, size_t, int, int, float*, const uint8_t* const*);
+using QkFn = void (*)(const float*, size_t, const uint8_t* const*, size_t, int, int, float*, const uint8_t* const*,
+                      size_t);
 using PvFn = void (*)(const float*, const uint8_t* const*, size_t, const float*, int, int, size_t, float*,
-                      const uint8_t* const*);
+                      const uint8_t* const*, size_t);
 
 template <DType T>
 void pick_kernels(int nr, QkFn* qk, PvFn* pv) {
@@ -284,10 +287,10 @@ HWY_ATTR void softmax_pass(float* HWY_RESTRICT s, int nvec, const LaneLayout& la
   mx = lay.row_max(mx);
   // A row with nothing visible so far keeps max -inf: subtract 0 so that exp gives 0, not NaN.
   const VF ms = hn::IfThenElseZero(hn::Ne(mx, hn::Set(df, kNegInf)), mx);
-  const VF al = hn::Exp(df, hn::Sub(hn::Load(df, m), ms));
+  const VF al = SoftmaxExp(df, hn::Sub(hn::Load(df, m), ms));
   VF sum = hn::Zero(df);
   for (int v = 0; v < nvec; ++v) {
-    const VF e = hn::Exp(df, hn::Sub(hn::Load(df, s + v * kLanes), ms));
+    const VF e = SoftmaxExp(df, hn::Sub(hn::Load(df, s + v * kLanes), ms));
     sum = hn::Add(sum, e);
     hn::Store(vs ? hn::Mul(e, lay.per_key(vs, v)) : e, df, s + v * kLanes);
   }
@@ -434,8 +437,6 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
     }
     const RowBases& cur = direct ? bases[cur_i] : staged;
     const RowBases& next = bases[next_i];
-    const uint8_t* const* pfk = direct && next.n > 0 ? next.k : nullptr;
-    const uint8_t* const* pfv = direct && next.n > 0 ? next.v : nullptr;
     // Per-element masking only when some (query, key) pair of the block may be invisible.
     const int64_t jl = j0 + nk - 1, pos_hi = pos0 + g.q_len - 1;
     const bool full = (!p.causal || jl <= pos0) &&
@@ -480,7 +481,12 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
             std::fill(vf + size_t(j) * dvp + dv, vf + size_t(j) * dvp + dvp, 0.0f);
           }
       }
-      qk(qh, size_t(dp), cur.k, koff, nk, rows, s, pfk);
+      // While a head reads its rows of this block, it requests its rows of the next block (a
+      // request for the next head's rows of this block instead, closer ahead, was slower).
+      const uint8_t* const* pfk = direct && next.n > 0 ? next.k : nullptr;
+      const uint8_t* const* pfv = direct && next.n > 0 ? next.v : nullptr;
+      const size_t pkoff = koff, pvoff = voff;
+      qk(qh, size_t(dp), cur.k, koff, nk, rows, s, pfk, pkoff);
       const int nvec = nkp * nr / L;  // score vectors per pass
       for (int r0 = 0; r0 < rows; r0 += nr) {
         float* sp = s + size_t(r0) * kBlock;
@@ -502,7 +508,7 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
         const size_t st = (size_t(hk) * rows + r0) / nr * L;  // this pass's running state
         softmax_pass(sp, nvec, lay, quant ? vs : nullptr, m + st, l + st, alpha + r0);
       }
-      pv(s, cur.v, voff, alpha, nk, rows, size_t(dvp), oh, pfv);
+      pv(s, cur.v, voff, alpha, nk, rows, size_t(dvp), oh, pfv, pvoff);
     }
     v0 = v1;
     cur_i = next_i;
@@ -547,8 +553,10 @@ HWY_ATTR void DecodeAttentionImpl(const AttentionParams& p, int num_threads, int
     // Splits from this sequence alone (its length and the threads), never from the rest of the
     // batch: enough items to keep every thread busy, none shorter than kMinSplitKeys.
     const int64_t keys = g.sink_end + g.range_end - g.range_begin;
-    g.splits = num_splits > 0 ? num_splits
-                              : int(std::clamp<int64_t>(std::min<int64_t>(2 * int64_t(threads), keys / kMinSplitKeys), 1, 256));
+    // Four splits per thread: dynamic scheduling then evens out a thread that is slowed down (by
+    // another process on a shared machine) instead of the whole call waiting for its last split.
+    const int64_t wanted = std::min<int64_t>(4 * int64_t(threads), keys / kMinSplitKeys);
+    g.splits = num_splits > 0 ? num_splits : int(std::clamp<int64_t>(wanted, 1, 256));
     geo.push_back(g);
   }
   if (geo.empty()) return;
