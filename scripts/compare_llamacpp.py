@@ -26,8 +26,10 @@ matrix product to 8 bits on the fly, and on the calibration set that alone puts 
                 identical, or first differ at a position t where the top-2 logit gap of Escala's
                 logits or of llama.cpp's logits at t is < TAU (a near-tie at the noise level).
                 Every divergence is reported with t and both gaps (Escala's gap at t comes from a
-                second run on the prompt + the common prefix, -n 1), and with the token that the
-                float64 reference prefers there on the same common prefix.
+                second run on the prompt + the common prefix, -n 1: a prefill, not bit-identical to
+                the decode steps of the generation, so where its top differs from the generated
+                token that difference is reported too), and with the token that the float64
+                reference prefers there on the same common prefix.
 
 The script prints PASS/FAIL per criterion and exits 0 when all four pass, 1 when any fails, 77 when
 llama_cpp is not installed (skipped). The prompt sets: --set validation (default; 24 prompts written
@@ -179,16 +181,20 @@ def main() -> int:
             common = ours["tokens"][:at]
             again = escala(args, env, ids=ids + common, n=1)
             top_t = again["first_logits_top"]
-            tok_e = top_t[0][0]
-            if at < len(ours["tokens"]) and ours["tokens"][at] != tok_e:
-                print(f"  note: Escala's rerun on the common prefix picks {tok_e}, its generation picked "
-                      f"{ours['tokens'][at]} (prefill vs decode not bit-identical)")
+            # Escala's token at t: the one it generated (or, where it ended there, the rerun's top).
+            # The rerun prefills the prefix in one batch, which is not bit-identical to decoding it
+            # token by token, so at a near-tie its top can be another token: then `flip` is how far
+            # the generated token sits below the rerun's top (the prefill-vs-decode difference).
+            tok_e = ours["tokens"][at] if at < len(ours["tokens"]) else top_t[0][0]
+            flip = None
+            if tok_e != top_t[0][0]:
+                flip = top_t[0][1] - dict(top_t).get(tok_e, float("-inf"))
             tok_l = lc_top[at]
             r = ref.logits(ids + common)
             best = int(r.argmax())
             order = sorted(r, reverse=True)
             row.update(at=at, gap_e=top_gap(top_t), gap_l=lc_gaps[at], tok_e=tok_e, tok_l=tok_l, ref_best=best,
-                       gap_r=order[0] - order[1], ref_el=float(r[tok_e] - r[tok_l]))
+                       gap_r=order[0] - order[1], ref_el=float(r[tok_e] - r[tok_l]), flip=flip)
             row["ref_says"] = ("Escala's" if best == tok_e else "llama.cpp's" if best == tok_l else "neither")
         rows.append(row)
         status = "identical"
@@ -198,6 +204,9 @@ def main() -> int:
                       f"llama.cpp {row['gap_l']:.3f}; tokens {row['tok_e']} / {row['tok_l']}, float64 prefers "
                       f"{row['ref_best']} ({row['ref_says']}; f64 top-2 gap {row['gap_r']:.3f}, "
                       f"f64[Escala's] - f64[llama.cpp's] {row['ref_el']:+.3f})")
+            if flip is not None:
+                status += (f"; Escala's prefill rerun puts {top_t[0][0]} first, its generated {tok_e} "
+                           f"{flip:.3f} below")
         tag = "chat " if chat else ""
         print(f"{tag}{text[:38]!r:42} {len(ids):3}+{row['n_gen']:2}{'e' if ends else ' '} |E-L| {d_el:.3f}  "
               f"|E-f64| {d_er:.3f}  |L-f64| {d_lr:.3f}  |E32-f64| {d_fr:.4f}  {status}", flush=True)
@@ -238,7 +247,7 @@ def main() -> int:
             pr = pr.replace("|", "\\|")
             dv = "identical" if r["at"] is None else (
                 f"{r['at']}: {r['gap_e']:.3f} / {r['gap_l']:.3f}; {r['ref_says']} "
-                f"(f64 {r['ref_el']:+.3f})")
+                f"(f64 {r['ref_el']:+.3f})" + ("" if r["flip"] is None else f"; rerun flip {r['flip']:.3f}"))
             print(f"| {k} | `{pr}` | {r['n_prompt']}+{r['n_gen']}{' eos' if r['ends'] else ''} | {r['d_el']:.3f} "
                   f"| {r['d_er']:.3f} | {r['d_lr']:.3f} | {r['d_fr']:.4f} | {dv} |")
     return 0 if passed else 1
