@@ -21,9 +21,17 @@ cudaError_t launch_decode(const DecodeParams& p, const KvMaps& maps, cudaStream_
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || p.num_splits == 1) return e;
   const int64_t rows = int64_t(p.batch) * p.max_q_len * p.num_heads;
-  const unsigned blocks = static_cast<unsigned>((rows * 32 + 127) / 128);
-  decode_merge_kernel<D, T><<<blocks, 128, 0, stream>>>(p);
-  return cudaGetLastError();
+  // On Hopper the merge kernel is a programmatic dependent launch: its launch overlaps the decode
+  // grid instead of following it (it waits on griddepcontrol.wait for the partial results).
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>((rows * 32 + 127) / 128));
+  cfg.blockDim = dim3(128);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr_pdl[1];
+  attr_pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr_pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  if (p.dependent_merge) cfg.attrs = attr_pdl, cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, decode_merge_kernel<D, T>, p);
 }
 
 template <int D, class T, KvFormat F>

@@ -43,6 +43,7 @@ struct DecodeParams {
   int32_t max_q_len = 0;   // bounds the partials' index space
 
   int32_t use_tma = 0;  // Hopper, 128-byte rows: K/V boxes through the tensor maps passed beside
+  int32_t dependent_merge = 0;  // Hopper: the merge kernel is a programmatic dependent launch
 
   float scale = 1.0f;       // softmax scale
   float scale_log2 = 1.0f;  // scale * log2(e)

@@ -49,7 +49,7 @@ cudaError_t make_tensor_map(CUtensorMap* map, const void* base, bool bf16, int d
 cudaError_t make_kv_box_map(CUtensorMap* map, const void* base, int elem_bytes, int d, int heads, int64_t rows,
                             int64_t head_stride, int64_t row_stride, int box_rows) {
   return encode_3d(map, base, elem_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16,
-                   elem_bytes, d, heads, rows, head_stride, row_stride, d, box_rows);
+                   elem_bytes, d, heads, rows, head_stride, row_stride, 128 / elem_bytes, box_rows);
 }
 
 }  // namespace escala::attn::cuda
