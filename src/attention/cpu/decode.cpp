@@ -6,7 +6,7 @@
 // every thread work at batch 1; their partial results are merged exactly through the log-sum-exp.
 //
 // K and V are read in their stored type and converted in registers (bf16/f16 by promotion, int8 by
-// conversion, fp8 e4m3 by moving its bits into an f16: exact, no table); per-token and per-page
+// conversion, fp8 e4m3 by moving its bits into an f32's fields: exact, no table); per-token and per-page
 // scales multiply scores and weights, not elements. QK computes one score per (row, key) pair for
 // a lane's worth of pairs at once (NR rows x L/NR keys), then reduces those L accumulators to one
 // vector with a transpose-add tree (L-1 pairwise steps instead of one horizontal sum per pair).
@@ -43,7 +43,10 @@ constexpr int kLanes = int(hn::MaxLanes(DF()));
 constexpr int kBlock = 32;              // keys per block
 constexpr int64_t kMinSplitKeys = 256;  // a split shorter than this costs more to merge than it saves
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr float kFp8Unbias = 256.0f;    // e4m3 bits read as f16 are the value times 2^-8
+// e4m3 bits moved into an f32's sign, exponent and mantissa fields are the value times 2^-120
+// (subnormals become f32 subnormals, exactly). The 2^120 is given back half through the queries
+// and the K scales, half through the V scales and the output, so no intermediate overflows.
+constexpr float kFp8Half = 1152921504606846976.0f;  // 2^60
 
 struct Geometry {
   int32_t b;
@@ -96,14 +99,13 @@ HWY_INLINE VF load_lanes(DF df, const uint8_t* HWY_RESTRICT row, size_t c) {
     const hn::Rebind<int32_t, DF> di;
     return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(row) + c)));
   } else {
-    // e4m3 (sign, 4 exponent bits, bias 7, 3 mantissa bits) shifted into f16's fields is the value
-    // times 2^-8, subnormals included; the sign comes along through the sign extension.
+    // e4m3 (sign, 4 exponent bits, bias 7, 3 mantissa bits) shifted into f32's fields (exponent
+    // bits 23-26, mantissa 20-22) is the value times 2^-120, subnormals included; the sign comes
+    // along through the sign extension. Three instructions (f16 and vcvtph2ps: five).
     const hn::Rebind<int8_t, DF> d8;
-    const hn::Rebind<int16_t, DF> d16;
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto x = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(row) + c));
-    const auto h = hn::And(hn::ShiftLeft<7>(x), hn::Set(d16, int16_t(-16512)));  // 0xBF80
-    return hn::PromoteTo(df, hn::BitCast(dh, h));
+    const hn::Rebind<int32_t, DF> di;
+    const auto x = hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(row) + c));
+    return hn::BitCast(df, hn::And(hn::ShiftLeft<20>(x), hn::Set(di, int32_t(0x87F00000u))));
   }
 }
 
@@ -372,7 +374,7 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
   const bool direct = d % L == 0 && dv % L == 0 && p.rope_inv_freq == nullptr;
   const DType t = direct ? p.kv_dtype : DType::kF32;
   const bool quant = direct && is_quantized(p.kv_dtype);
-  const float unbias = t == DType::kFp8E4M3 ? kFp8Unbias : 1.0f;
+  const float unbias = t == DType::kFp8E4M3 ? kFp8Half : 1.0f;  // on q and the scales; the output too
   QkFn qk;
   PvFn pv;
   pick_kernels(t, nr, &qk, &pv);
@@ -388,7 +390,7 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
       const int h = hk * group + r % group;
       float* dst = q + (size_t(hk) * rows + r) * dp;
       const auto* src = static_cast<const uint8_t*>(p.q) + ((g.q0 + i) * p.q_row_stride + h * p.q_head_stride) * qb;
-      row_to_f32(src, p.q_dtype, d, effective_scale(p), dst);
+      row_to_f32(src, p.q_dtype, d, effective_scale(p) * unbias, dst);
     }
   float* o = sc.o.get();
   std::fill(o, o + size_t(nh) * rows * dvp, 0.0f);
@@ -521,7 +523,8 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
       for (int kk = 0; kk < L / nr; ++kk) lr += l[st + kk * nr + r % nr];
       const float mr = m[st + r % nr];
       const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-      for (int c = 0; c < dv; ++c) out_o[size_t(ro) * dv + c] = o[size_t(rp) * dvp + c] * inv;
+      const float inv_o = inv * unbias;  // fp8: the V half of 2^120
+      for (int c = 0; c < dv; ++c) out_o[size_t(ro) * dv + c] = o[size_t(rp) * dvp + c] * inv_o;
       out_lse[ro] = lr > 0.0f ? mr + std::log(lr) : kNegInf;
     }
 }
