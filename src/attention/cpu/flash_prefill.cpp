@@ -225,20 +225,41 @@ HWY_ATTR void run_item(const AttentionParams& p, const WorkItem& w, Scratch& s) 
     const VF thr = hn::Set(df, kRescaleThreshold), neg_inf = hn::Set(df, kNegInf);
     for (int v = 0; v < kQVecs; ++v) {
       const VF m_old = hn::Load(df, m + v * L);
-      VF mx = m_old;
-      for (int j = 0; j < nk; ++j) mx = hn::Max(mx, hn::Load(df, st + size_t(j) * bq + v * L));
+      // Four independent chains: one chain of nk dependent Max was latency-bound.
+      VF mx0 = m_old, mx1 = m_old, mx2 = m_old, mx3 = m_old;
+      int j = 0;
+      for (; j + 4 <= nk; j += 4) {
+        mx0 = hn::Max(mx0, hn::Load(df, st + size_t(j) * bq + v * L));
+        mx1 = hn::Max(mx1, hn::Load(df, st + size_t(j + 1) * bq + v * L));
+        mx2 = hn::Max(mx2, hn::Load(df, st + size_t(j + 2) * bq + v * L));
+        mx3 = hn::Max(mx3, hn::Load(df, st + size_t(j + 3) * bq + v * L));
+      }
+      for (; j < nk; ++j) mx0 = hn::Max(mx0, hn::Load(df, st + size_t(j) * bq + v * L));
+      const VF mx = hn::Max(hn::Max(mx0, mx1), hn::Max(mx2, mx3));
       // Lanes whose max grew by more than the threshold (or that saw their first key) move to it.
       const auto grow = hn::Gt(mx, hn::Add(m_old, thr));
       const VF m_new = hn::IfThenElse(grow, mx, m_old);
       // Rows with nothing visible yet keep m = -inf; subtract 0 there so exp(-inf) = 0, no NaN.
       const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-      VF sum = hn::Zero(df);
-      for (int j = 0; j < nk; ++j) {
+      VF sum0 = hn::Zero(df), sum1 = hn::Zero(df);
+      j = 0;
+      for (; j + 2 <= nk; j += 2) {
+        float* x0 = st + size_t(j) * bq + v * L;
+        float* x1 = x0 + bq;
+        const VF e0 = SoftmaxExp(df, hn::Sub(hn::Load(df, x0), m_use));
+        const VF e1 = SoftmaxExp(df, hn::Sub(hn::Load(df, x1), m_use));
+        sum0 = hn::Add(sum0, e0);
+        sum1 = hn::Add(sum1, e1);
+        hn::Store(e0, df, x0);
+        hn::Store(e1, df, x1);
+      }
+      for (; j < nk; ++j) {
         float* x = st + size_t(j) * bq + v * L;
         const VF e = SoftmaxExp(df, hn::Sub(hn::Load(df, x), m_use));
-        sum = hn::Add(sum, e);
+        sum0 = hn::Add(sum0, e);
         hn::Store(e, df, x);
       }
+      const VF sum = hn::Add(sum0, sum1);
       if (hn::AllFalse(df, grow)) {
         hn::Store(hn::Add(hn::Load(df, l + v * L), sum), df, l + v * L);
         continue;
