@@ -51,13 +51,16 @@ Status matmul_group(std::span<const WeightView> ws, const float* x, int64_t m, s
 // ---- AVX-512 VNNI path (quant_matmul_vnni.cpp) for q4_0, q4_1, q8_0, q4_K and q6_K ----
 //
 // Activations as int8 in natural order, one scale per 32 elements (llama.cpp's q8_0 with the
-// block sums of q8_1).
+// block sums of q8_1). Rows are interleaved in groups of kGroup, block by block: row t's block b is
+// slot ((t / kGroup) * nb + b) * kGroup + t % kGroup, so a kernel over up to kGroup rows of one
+// group reads each block's rows from one address (the last group's missing rows are never read).
 struct VnniActs {
+  static constexpr int64_t kGroup = 8;
   int64_t m = 0;
   int64_t nb = 0;         // 32-element blocks per row
-  std::vector<int8_t> q;  // m * nb * 32
-  std::vector<float> d;   // m * nb: activation scale per block
-  std::vector<float> s;   // m * nb: scale * sum of levels per block
+  std::vector<int8_t> q;  // 32 levels per slot
+  std::vector<float> d;   // per slot: activation scale
+  std::vector<float> s;   // per slot: scale * sum of levels
 };
 
 // For q4_K and q6_K: int8 activations in natural order, one scale per 256 (llama.cpp's q8_K).

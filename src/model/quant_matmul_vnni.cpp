@@ -221,11 +221,15 @@ ESCALA_VNNI_TARGET inline __m512i bcast32(const int8_t* p) {
 
 // One block of activation row `at / nb` (at = row * nb + block) into acc: the only float
 // arithmetic of the 32-element kernels, so every path gives the same bits.
+// `at` indexes the row's block in VnniActs' interleaved layout.
 ESCALA_VNNI_TARGET inline void block_step(const __m512i w[8], __m512 dw, __m512 mw, const VnniActs& a,
                                           int64_t at, __m512& acc) {
   const int8_t* aq = a.q.data() + at * 32;
-  // Two chains of four so the dependent vpdpbusd latencies overlap (integer sums: exact).
-  __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast32(aq));
+  // Two chains of four so the dependent vpdpbusd latencies overlap (integer sums: exact). The
+  // first starts from the bits of 1.5 * 2^23, so the sum's bits are the float 1.5 * 2^23 + sum
+  // and subtracting 1.5 * 2^23 converts it exactly (|sum| <= 32 * 255 * 127 < 2^22): the same
+  // value as vcvtdq2ps, on the ports vpdpbusd leaves free (it and the conversion both need p0).
+  __m512i s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(0x4B400000), w[0], bcast32(aq));
   __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast32(aq + 4));
   s0 = _mm512_dpbusd_epi32(s0, w[2], bcast32(aq + 8));
   s1 = _mm512_dpbusd_epi32(s1, w[3], bcast32(aq + 12));
@@ -234,7 +238,8 @@ ESCALA_VNNI_TARGET inline void block_step(const __m512i w[8], __m512 dw, __m512 
   s0 = _mm512_dpbusd_epi32(s0, w[6], bcast32(aq + 24));
   s1 = _mm512_dpbusd_epi32(s1, w[7], bcast32(aq + 28));
   const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.d[static_cast<size_t>(at)]));
-  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc);
+  const __m512 sum = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(12582912.0f));
+  acc = _mm512_fmadd_ps(sum, scale, acc);
   acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s[static_cast<size_t>(at)]), acc);
 }
 
@@ -255,7 +260,9 @@ ESCALA_VNNI_TARGET void slab_rows(const uint8_t* pk, const VnniActs& a, int64_t 
     for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(pk + 64 * j);
     const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(pk + 512));
     const __m512 mw = _mm512_load_ps(reinterpret_cast<const float*>(pk + 576));
-    for (int r = 0; r < R; ++r) block_step(w, dw, mw, a, (t0 + r) * nb + b, acc[r]);
+    // Rows t0 .. t0 + R - 1 lie in one group of VnniActs::kGroup: one base index per block.
+    const int64_t at = ((t0 / VnniActs::kGroup) * nb + b) * VnniActs::kGroup + t0 % VnniActs::kGroup;
+    for (int r = 0; r < R; ++r) block_step(w, dw, mw, a, at + r, acc[r]);
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (t0 + r) * ystride, live, acc[r]);
 }
@@ -271,7 +278,7 @@ ESCALA_VNNI_TARGET void direct_rows(const Src& src, const VnniActs& a, float* y,
     __m512i w[8];
     __m512 dw, mw;
     src.block(b, w, dw, mw);
-    for (int r = 0; r < R; ++r) block_step(w, dw, mw, a, r * nb + b, acc[r]);
+    for (int r = 0; r < R; ++r) block_step(w, dw, mw, a, b * VnniActs::kGroup + r, acc[r]);
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ystride, live, acc[r]);
 }
@@ -529,12 +536,13 @@ ESCALA_VNNI_TARGET void quantize_acts_impl(const float* x, int64_t m, int64_t k,
       // Round to nearest even (the MXCSR default), as lrintf would.
       const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
       const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
-      int8_t* q = a.q.data() + (r * a.nb + b) * 32;
+      const int64_t at = ((r / VnniActs::kGroup) * a.nb + b) * VnniActs::kGroup + r % VnniActs::kGroup;
+      int8_t* q = a.q.data() + at * 32;
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
       const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-      a.d[static_cast<size_t>(r * a.nb + b)] = d;
-      a.s[static_cast<size_t>(r * a.nb + b)] = d * static_cast<float>(sum);
+      a.d[static_cast<size_t>(at)] = d;
+      a.s[static_cast<size_t>(at)] = d * static_cast<float>(sum);
     }
   }
 }
@@ -644,9 +652,10 @@ void release_stored(const void* data) {
 void quantize_acts_vnni(const float* x, int64_t m, int64_t k, VnniActs& a) {
   a.m = m;
   a.nb = k / 32;
-  a.q.resize(static_cast<size_t>(m * k));
-  a.d.resize(static_cast<size_t>(m * a.nb));
-  a.s.resize(static_cast<size_t>(m * a.nb));
+  const int64_t slots = (m + VnniActs::kGroup - 1) / VnniActs::kGroup * VnniActs::kGroup * a.nb;
+  a.q.resize(static_cast<size_t>(slots * 32));
+  a.d.resize(static_cast<size_t>(slots));
+  a.s.resize(static_cast<size_t>(slots));
   quantize_acts_impl(x, m, k, a);
 }
 
