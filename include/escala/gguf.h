@@ -111,6 +111,11 @@ class GgufFile {
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* find_tensor(std::string_view name) const;
 
+  // Drops the resident pages of a tensor's bytes from the mapping, for weights the runtime keeps in
+  // its own layout: they no longer count in the process's memory, and are read from the file again
+  // if touched. A no-op for parse().
+  void release_pages(const GgufTensor& t) const;
+
  private:
   static Result<GgufFile> parse_impl(std::span<const uint8_t> bytes);
 

@@ -411,6 +411,14 @@ const GgufTensor* GgufFile::find_tensor(std::string_view name) const {
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
+void GgufFile::release_pages(const GgufTensor& t) const {
+  if (!mapping_ || t.data == nullptr || t.size == 0) return;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;  // whole pages only:
+  const auto end = (reinterpret_cast<uintptr_t>(t.data) + t.size) / page * page;       // neighbours keep theirs
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 WeightView GgufTensor::as_matrix() const {
   return WeightView{.type = type,
                     .data = data,

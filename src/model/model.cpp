@@ -143,9 +143,16 @@ Status Model::Impl::load_weights() {
 #undef ESCALA_LOAD
   }
   for (const GgufTensor& t : file.tensors()) info.weight_bytes += t.size;
+  // A matrix copied into the kernels' layout is read only from there: its file pages need not stay
+  // resident (the model file + KV + 64 MB memory bound).
+  auto store = [&](const GgufTensor* t) {
+    const size_t before = stored.bytes();
+    stored.add(t->as_matrix());
+    if (stored.bytes() > before) file.release_pages(*t);
+  };
   for (const LayerWeights& L : layers)
-    for (const GgufTensor* t : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) stored.add(t->as_matrix());
-  stored.add(output->as_matrix());
+    for (const GgufTensor* t : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) store(t);
+  store(output);
   return {};
 }
 
