@@ -369,12 +369,14 @@ ESCALA_VNNI_TARGET void rows_impl(const WeightView& w, const StoredWeight* st, c
 }
 
 // The stored copy of w: rows in slabs of 16 (the last padded with its last row), blocks in the
-// layout stored_block reads.
+// layout stored_block reads. Serial on purpose (~70 ms for SmolLM2): an OpenMP team created here,
+// on the thread that loads the model, made `escala serve` (whose engine thread runs the products
+// with a team of its own) 1.5x slower per single-stream token — three OpenMP threads on two CPUs,
+// and libgomp throttles its spin-wait when it manages more threads than there are CPUs.
 template <Kind K>
 void store_weight(const WeightView& w, uint8_t* out) {
   const int64_t nb = w.cols / 32, nslabs = (w.rows + kSlab - 1) / kSlab;
   const auto* base = static_cast<const uint8_t*>(w.data);
-#pragma omp parallel for schedule(static)
   for (int64_t s = 0; s < nslabs; ++s) {
     for (int n = 0; n < kSlab; ++n) {
       const uint8_t* row = base + std::min(s * kSlab + n, w.rows - 1) * static_cast<int64_t>(w.row_stride);
