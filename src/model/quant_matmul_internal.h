@@ -110,8 +110,8 @@ void vnni_rows(const WeightView& w, const StoredWeight* st, const VnniActs& a, f
                int64_t row_end);
 
 // The weights a model multiplies by, stored for the VNNI kernels for as long as this object lives
-// (Model holds one). Costs a second copy of those weights in memory (the GGUF mapping's pages are
-// then no longer read by the products).
+// (Model holds one). The products no longer read the GGUF mapping's pages of those weights, so the
+// model drops them (GgufFile::release_pages) and the copy replaces them in memory.
 class StoredWeights {
  public:
   StoredWeights() = default;
