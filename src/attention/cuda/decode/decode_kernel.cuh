@@ -48,9 +48,9 @@ struct DecodeCfg {
   // Rows of 128 or 256 bytes (d = 64 or 128 at 16 bits, d = 128 or 256 at 8 bits) of the per-warp
   // form are stored as 128-byte column halves ([half][row][128 bytes]) with the 16-byte chunks of
   // row r XOR-swizzled by r % 8, the layout of TMA's 128-byte swizzle, so that on Hopper 16 rows of
-  // one (page, head) half are one TMA copy (a few copies per tile instead of one per row). Other
-  // rows are padded by 16 bytes (rows start 4 banks apart). Either way ldmatrix and the 32-bit
-  // loads of 8-bit rows are conflict-free.
+  // one (page, head) half can be one TMA copy (the launcher uses that for 128-byte rows; 256-byte
+  // rows measured faster filled by cp.async). Other rows are padded by 16 bytes (rows start 4 banks
+  // apart). Either way ldmatrix and the 32-bit loads of 8-bit rows are conflict-free.
   static constexpr bool kSwizzled = (kRowBytes == 128 || kRowBytes == 256) && !kWide;
   static constexpr int kHalves = kSwizzled ? kRowBytes / 128 : 1;  // 128-byte column slabs per row
   static constexpr int kRowPitch = kSwizzled ? kRowBytes : kRowBytes + 16;
@@ -231,8 +231,8 @@ __global__ void __launch_bounds__(128)
 
   constexpr bool kBulk = ESCALA_DECODE_BULK && Cfg::kBulkRows;
   const uint32_t bars = smem_addr(smem_base + Cfg::kBarOffset) + (kWide ? 0 : warp) * Cfg::kStages * 8;
-  // Hopper, 128- or 256-byte rows, pages of a multiple of 16 tokens laid out as the launcher
-  // checked: one TMA box (16 rows x 128 bytes of one head) per copy.
+  // Hopper, swizzled rows (the launcher enables it for 128-byte rows), pages of a multiple of 16
+  // tokens laid out as it checked: one TMA box (16 rows x 128 bytes of one head) per copy.
   const bool tma = ESCALA_DECODE_BULK && Cfg::kSwizzled && p.use_tma;
 #if ESCALA_DECODE_BULK
   if ((kBulk || tma) && lane == 0)
