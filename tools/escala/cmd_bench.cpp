@@ -10,6 +10,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "bench/ceilings.h"
@@ -108,21 +109,7 @@ double decode_bytes(const Problem& p) {
   return bytes;
 }
 
-int run_bench(bool quick, int threads_opt) {
-  const int threads = threads_opt > 0 ? threads_opt : omp_get_max_threads();
-  std::mt19937 rng(std::random_device{}());
-  const bench::Rate peak = bench::measure_fma_peak(threads, quick ? 0.2 : 1.0);
-  const bench::Rate bw = bench::measure_read_bandwidth(threads, quick ? (size_t(256) << 20) : (size_t(1) << 30));
-  std::printf("machine ceilings (%d threads): FMA peak %.1f GFLOP/s, read bandwidth %.2f GB/s\n", threads, peak.wall,
-              bw.wall);
-  std::printf("  per CPU second of each thread: FMA peak %.1f GFLOP/s, read bandwidth %.2f GB/s\n", peak.cpu, bw.cpu);
-  std::printf("  (wall and CPU clocks agree on an idle machine; on a shared one the wall figures also count other\n"
-              "   processes' time slices, the CPU ones still count spin waits at barriers: compare a kernel with\n"
-              "   the ceilings of the same clock, and trust a quiet run)\n\n");
-  attn::CpuOptions opt;
-  opt.num_threads = threads;
-
-  // Prefill.
+void run_prefill(bool quick, int threads, const bench::Rate& peak, attn::CpuOptions opt, std::mt19937& rng) {
   const int T = quick ? 1024 : 4096;
   Problem pf{.h = 8, .h_kv = 8, .d = 128, .q_len = T, .kv_len = T, .causal = true};
   Inputs pin(pf, rng);
@@ -142,8 +129,10 @@ int run_bench(bool quick, int threads_opt) {
               "  | CPU clock: %7.1f GFLOP/s %5.1f%%\n",
               T, t_flash.wall * 1e3, gflops, 100 * gflops / peak.wall, t_ref / t_flash.wall, gflops_cpu,
               100 * gflops_cpu / peak.cpu);
+}
 
-  // Decode: GQA 32/8, d 128, one query, contiguous bf16 / paged bf16 / paged int8 / paged fp8.
+// Decode: GQA 32/8, d 128, one query, contiguous bf16 / paged bf16 / paged int8 / paged fp8.
+void run_decode(bool quick, int threads, const bench::Rate& bw, attn::CpuOptions opt, std::mt19937& rng) {
   const int TK = quick ? 8192 : 32768;
   struct Variant { const char* name; DType kv; int page; };
   const Variant variants[] = {{"contiguous bf16", DType::kBF16, 0},
@@ -167,6 +156,25 @@ int run_bench(bool quick, int threads_opt) {
   }
   std::printf("\npaged/contiguous decode time: %.3f (CPU clock %.3f)\n", t_paged.wall / t_base.wall,
               t_paged.cpu / t_base.cpu);
+}
+
+// `only`: "" (both), "prefill" or "decode".
+int run_bench(bool quick, int threads_opt, const std::string& only) {
+  const int threads = threads_opt > 0 ? threads_opt : omp_get_max_threads();
+  std::mt19937 rng(std::random_device{}());
+  const bench::Rate peak = bench::measure_fma_peak(threads, quick ? 0.2 : 1.0);
+  const bench::Rate bw = bench::measure_read_bandwidth(threads, quick ? (size_t(256) << 20) : (size_t(1) << 30));
+  std::printf("machine ceilings (%d threads): FMA peak %.1f GFLOP/s, read bandwidth %.2f GB/s\n", threads, peak.wall,
+              bw.wall);
+  std::printf("  per CPU second of each thread: FMA peak %.1f GFLOP/s, read bandwidth %.2f GB/s\n", peak.cpu, bw.cpu);
+  std::printf("  (wall and CPU clocks agree on an idle machine; on a shared one the wall figures also count other\n"
+              "   processes' time slices, the CPU ones still count spin waits at barriers: compare a kernel with\n"
+              "   the ceilings of the same clock, and trust a quiet run)\n\n");
+  attn::CpuOptions opt;
+  opt.num_threads = threads;
+
+  if (only != "decode") run_prefill(quick, threads, peak, opt, rng);
+  if (only != "prefill") run_decode(quick, threads, bw, opt, rng);
   return 0;
 }
 
@@ -180,7 +188,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   static int threads = 0;
   att->add_flag("--quick", quick, "Smaller problems (for CI and set-up)");
   att->add_option("--threads", threads, "Threads (default: all)")->check(CLI::Range(0, 1024));
-  att->callback([&exit_code] { exit_code = run_bench(quick, threads); });
+  static std::string only;
+  att->add_option("--only", only, "Run only the prefill or only the decode part")
+      ->check(CLI::IsMember({"prefill", "decode"}));
+  att->callback([&exit_code] { exit_code = run_bench(quick, threads, only); });
 }
 
 }  // namespace escala::cli
