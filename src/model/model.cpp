@@ -146,9 +146,7 @@ Status Model::Impl::load_weights() {
   // A matrix copied into the kernels' layout is read only from there: its file pages need not stay
   // resident (the model file + KV + 64 MB memory bound).
   auto store = [&](const GgufTensor* t) {
-    const size_t before = stored.bytes();
-    stored.add(t->as_matrix());
-    if (stored.bytes() > before) file.release_pages(*t);
+    if (stored.add(t->as_matrix())) file.release_pages(*t);
   };
   for (const LayerWeights& L : layers)
     for (const GgufTensor* t : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) store(t);

@@ -568,10 +568,11 @@ StoredWeights::~StoredWeights() {
   for (const void* k : keys_) release_stored(k);
 }
 
-void StoredWeights::add(const WeightView& w) {
-  if (!store_weight(w)) return;
+bool StoredWeights::add(const WeightView& w) {
+  if (!store_weight(w)) return false;
   keys_.push_back(w.data);
   if (auto st = find_stored(w)) bytes_ += st->bytes;
+  return true;
 }
 
 void matmul_reference(const WeightView& w_in, const float* x, int64_t m, float* y) {

@@ -118,7 +118,7 @@ class StoredWeights {
   StoredWeights(const StoredWeights&) = delete;
   StoredWeights& operator=(const StoredWeights&) = delete;
   ~StoredWeights();
-  void add(const WeightView& w);  // no-op when store_weight declines
+  bool add(const WeightView& w);  // false (and no-op) when store_weight declines
   size_t bytes() const { return bytes_; }
 
  private:
