@@ -47,12 +47,11 @@ struct DecodeCfg {
   static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per row
   // Rows of 128 or 256 bytes (d = 64 or 128 at 16 bits, d = 128 or 256 at 8 bits) of the per-warp
   // form are stored as 128-byte column halves ([half][row][128 bytes]) with the 16-byte chunks of
-  // row r XOR-swizzled by r % 8, the layout of TMA's 128-byte swizzle, so that on Hopper 16 rows of
-  // one (page, head) half can be one TMA copy (the launcher uses that for 128-byte rows; 256-byte
-  // rows measured faster filled by cp.async). Other rows are padded by 16 bytes (rows start 4 banks
-  // apart). Either way ldmatrix and the 32-bit loads of 8-bit rows are conflict-free.
+  // row r XOR-swizzled by r % 8, the layout of TMA's 128-byte swizzle: on Hopper 16 rows of
+  // 128 bytes are one TMA copy (256-byte rows measured faster filled by cp.async, so they are not
+  // read by TMA). Other rows are padded by 16 bytes (rows start 4 banks apart). Either way ldmatrix
+  // and the 32-bit loads of 8-bit rows are conflict-free.
   static constexpr bool kSwizzled = (kRowBytes == 128 || kRowBytes == 256) && !kWide;
-  static constexpr int kHalves = kSwizzled ? kRowBytes / 128 : 1;  // 128-byte column slabs per row
   static constexpr int kRowPitch = kSwizzled ? kRowBytes : kRowBytes + 16;
   static constexpr int kTmaBoxRows = 16;
   // Bulk copies pay per request: worth it for the remaining rows of 512 bytes (cp.async otherwise).
@@ -231,9 +230,9 @@ __global__ void __launch_bounds__(128)
 
   constexpr bool kBulk = ESCALA_DECODE_BULK && Cfg::kBulkRows;
   const uint32_t bars = smem_addr(smem_base + Cfg::kBarOffset) + (kWide ? 0 : warp) * Cfg::kStages * 8;
-  // Hopper, swizzled rows (the launcher enables it for 128-byte rows), pages of a multiple of 16
-  // tokens laid out as it checked: one TMA box (16 rows x 128 bytes of one head) per copy.
-  const bool tma = ESCALA_DECODE_BULK && Cfg::kSwizzled && p.use_tma;
+  // Hopper, 128-byte rows, pages of a multiple of 16 tokens laid out as the launcher checked: one
+  // TMA box (16 rows of one head) per copy.
+  const bool tma = ESCALA_DECODE_BULK && Cfg::kRowBytes == 128 && !kWide && p.use_tma;
 #if ESCALA_DECODE_BULK
   if ((kBulk || tma) && lane == 0)
     for (int st = 0; st < Cfg::kStages; ++st) bar_init(bars + st * 8);
@@ -285,9 +284,9 @@ __global__ void __launch_bounds__(128)
       };
       if (tma) {
 #if ESCALA_DECODE_BULK
-        // Lane 0: kKeys / 16 boxes of each 128-byte half, of K and V. Rows past the end of the
-        // sequence are whatever the pool holds there (a box wholly past it reads page 0): their
-        // scores are masked, and V rows are zeroed before use.
+        // Lane 0: kKeys / 16 boxes each of K and V. Rows past the end of the sequence are whatever
+        // the pool holds there (a box wholly past it reads page 0): their scores are masked, and V
+        // rows are zeroed before use.
         constexpr int kBoxes = Cfg::kKeys / Cfg::kTmaBoxRows;
         int32_t box_page[kBoxes];
 #pragma unroll
@@ -299,13 +298,9 @@ __global__ void __launch_bounds__(128)
           for (int bx = 0; bx < kBoxes; ++bx) {
             const int key = key_lo + bx * Cfg::kTmaBoxRows;
             const int row = p.page_size > 0 ? box_page[bx] * p.page_size + key % p.page_size : k0 + key;
-#pragma unroll
-            for (int hf = 0; hf < Cfg::kHalves; ++hf) {
-              const uint32_t off = hf * Cfg::kKeys * 128 + bx * Cfg::kTmaBoxRows * 128;
-              const int elem = hf * 128 / Cfg::kElemBytes;
-              tma_load_3d(st + off, &tm_k, elem, hk, row, bar);
-              tma_load_3d(st + Cfg::kTileBytes + off, &tm_v, elem, hk, row, bar);
-            }
+            const uint32_t off = bx * Cfg::kTmaBoxRows * Cfg::kRowPitch;
+            tma_load_3d(st + off, &tm_k, 0, hk, row, bar);
+            tma_load_3d(st + Cfg::kTileBytes + off, &tm_v, 0, hk, row, bar);
           }
         }
 #endif
