@@ -32,6 +32,10 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
+#if HWY_ARCH_X86_64
+#include <immintrin.h>
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace escala::attn::cpu::HWY_NAMESPACE {
 namespace {
@@ -64,9 +68,13 @@ int padded_rows(int rows) {
 }
 
 struct Scratch {
-  hwy::AlignedFreeUniquePtr<float[]> q, kf, vf, s, o, m, l, alpha, ks, vs;
+  hwy::AlignedFreeUniquePtr<float[]> q, kf, vf, s, o, m, l, alpha, ks, vs, qs;
+  hwy::AlignedFreeUniquePtr<int32_t[]> qd, qcorr;  // int8 keys with VNNI: the queries' digits
   void init(int rows, int d, int dv) {  // rows: every kv head's padded rows
     q = hwy::AllocateAligned<float>(size_t(rows) * d);
+    qd = hwy::AllocateAligned<int32_t>(size_t(rows) * 3 * (d / 4));
+    qcorr = hwy::AllocateAligned<int32_t>(size_t(rows) * 3);
+    qs = hwy::AllocateAligned<float>(rows);
     kf = hwy::AllocateAligned<float>(size_t(kBlock) * d);
     vf = hwy::AllocateAligned<float>(size_t(kBlock) * dv);
     s = hwy::AllocateAligned<float>(size_t(rows) * kBlock);
@@ -253,6 +261,179 @@ void pick_kernels(DType t, int nr, QkFn* qk, PvFn* pv) {
   }
 }
 
+// int8 keys against the 4 query rows of a pass with AVX-512 VNNI (vpdpbusd: 64 u8 x s8 products
+// summed in fours into 16 int32 lanes per instruction), exact: each query row is quantized to a
+// 24-bit integer relative to its max magnitude, q = qs * (65536 q2 + 256 q1 + q0) with signed
+// 8-bit digits (rounding error 2^-24 of the row max, below f32's own), and every digit product is
+// summed exactly in int32. The keys are the unsigned operand: k xor 0x80 = k + 128, whose excess
+// (128 times each digit's sum over the row) starts the accumulators negative. 16 keys are
+// transposed (lane = key, one vector per 4 dims) so that one broadcast query dword serves 16
+// keys and no horizontal sums are needed; 24 instructions per (key, kv head) for the products of 4
+// rows instead of 32 FMAs and 16 conversions, plus the 8-step transpose of the keys.
+#if HWY_ARCH_X86_64 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+#undef ESCALA_DECODE_VNNI
+#undef ESCALA_VNNI_ATTR
+#define ESCALA_DECODE_VNNI 1
+#define ESCALA_VNNI_ATTR __attribute__((target(HWY_TARGET_STR ",avx512vnni")))
+// GCC 12 reports the intrinsics' internal undefined vectors as maybe uninitialized.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+bool cpu_has_vnni() {
+  static const bool has = __builtin_cpu_supports("avx512vnni");
+  return has;
+}
+constexpr int32_t kQMax = 127 * 65536;  // |q| in units of qs; digits stay within [-127, 127]
+constexpr int kVnniRows = 4;
+
+// acc + the sums of 4 products of k's unsigned bytes and *q's signed bytes (broadcast), per lane.
+// Written in assembly: GCC 12 copies the accumulator of the intrinsic to a new register and back
+// on every use.
+HWY_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i k, const int32_t* q) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(k), "m"(*q));
+  return acc;
+}
+HWY_INLINE __m512i dpbusd(__m512i acc, __m512i k, __m512i q) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(k), "v"(q));
+  return acc;
+}
+
+// Query row r of a pass of 4 (d elements, f32, d a multiple of 16) as digit dwords (4 digits of
+// one part, for one broadcast) in the pass's layout digits[d / 4][4 rows][3 parts], its excess
+// corrections corr[3] and its step qs. q * (kQMax / max) is within 1.5 units of the exact quotient.
+ESCALA_VNNI_ATTR void quantize_query_row(const float* q, int d, int r, int32_t* digits, int32_t* corr, float* qs) {
+  __m512 mx = _mm512_setzero_ps();
+  for (int c = 0; c < d; c += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(q + c)));
+  const float m = _mm512_reduce_max_ps(mx);
+  const float step = m > 0.0f ? m / float(kQMax) : 0.0f;
+  const __m512 inv = _mm512_set1_ps(m > 0.0f ? float(kQMax) / m : 0.0f);
+  const __m512i lo = _mm512_set1_epi32(-kQMax), hi = _mm512_set1_epi32(kQMax), half = _mm512_set1_epi32(128),
+                mask = _mm512_set1_epi32(255);
+  __m512i sum[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+  for (int c = 0; c < d; c += 16) {
+    __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(q + c), inv));  // nearest
+    x = _mm512_min_epi32(_mm512_max_epi32(x, lo), hi);
+    for (int p = 0; p < 3; ++p) {
+      // Balanced digits in [-128, 127]; the top one is what is left (|.| <= 127).
+      const __m512i dig = p < 2 ? _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(x, half), mask), half) : x;
+      sum[p] = _mm512_add_epi32(sum[p], dig);
+      x = _mm512_srai_epi32(_mm512_sub_epi32(x, dig), 8);
+      alignas(16) int32_t b[4];
+      _mm_store_si128(reinterpret_cast<__m128i*>(b), _mm512_cvtepi32_epi8(dig));
+      for (int g = 0; g < 4; ++g) digits[(c / 4 + g) * 12 + r * 3 + p] = b[g];
+    }
+  }
+  for (int p = 0; p < 3; ++p) corr[p] = -128 * _mm512_reduce_add_epi32(sum[p]);
+  *qs = step;
+}
+
+// 16 keys (rows kb[j0 + pi(L)] + off, d bytes) transposed: kt[c] lane L = dword c of key
+// j0 + pi(L) as unsigned (k xor 0x80), pi(4i + a) = 4a + i, which the two unpack stages of
+// vnni_scores turn into the key-major layout of the scores. Per 64 bytes: 32 + 32 shuffles.
+ESCALA_VNNI_ATTR HWY_INLINE void transpose_keys(const uint8_t* const* kb, size_t off, int d, __m512i* kt) {
+  const __m512i flip = _mm512_set1_epi8(char(0x80));
+  for (int h = 0; h < d / 64; ++h) {
+    __m512i x[16], t[16];
+    for (int sl = 0; sl < 16; ++sl)
+      x[sl] = _mm512_xor_si512(_mm512_loadu_si512(kb[(sl % 4) * 4 + sl / 4] + off + 64 * h), flip);
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+      x[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+      x[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+      x[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+      x[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    // x[4i + e], 128-bit block b: dword 4b + e of rows 4i..4i+3; a 4x4 transpose of blocks.
+    for (int e = 0; e < 4; ++e) {
+      const __m512i v0 = _mm512_shuffle_i32x4(x[e], x[4 + e], 0x44), v1 = _mm512_shuffle_i32x4(x[e], x[4 + e], 0xEE);
+      const __m512i v2 = _mm512_shuffle_i32x4(x[8 + e], x[12 + e], 0x44),
+                    v3 = _mm512_shuffle_i32x4(x[8 + e], x[12 + e], 0xEE);
+      kt[16 * h + 0 + e] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+      kt[16 * h + 4 + e] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+      kt[16 * h + 8 + e] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+      kt[16 * h + 12 + e] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+    }
+  }
+}
+
+// The 4 rows' scores of 16 transposed keys from their digit sums, stored key-major (s[j * 4 + r]).
+ESCALA_VNNI_ATTR HWY_INLINE void vnni_scores(const __m512i (*acc)[3], const float* qs, float* out) {
+  __m512 sc[kVnniRows];
+  for (int r = 0; r < kVnniRows; ++r) {
+    // 256 * (256 q2 + q1) . k + q0 . k: the first part fits in int32 for d <= 256.
+    const __m512i hi = _mm512_add_epi32(_mm512_slli_epi32(acc[r][2], 8), acc[r][1]);
+    sc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_set1_ps(256.0f * qs[r]),
+                            _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][0]), _mm512_set1_ps(qs[r])));
+  }
+  const __m512d x0 = _mm512_castps_pd(_mm512_unpacklo_ps(sc[0], sc[1]));
+  const __m512d x1 = _mm512_castps_pd(_mm512_unpackhi_ps(sc[0], sc[1]));
+  const __m512d x2 = _mm512_castps_pd(_mm512_unpacklo_ps(sc[2], sc[3]));
+  const __m512d x3 = _mm512_castps_pd(_mm512_unpackhi_ps(sc[2], sc[3]));
+  _mm512_store_ps(out + 0, _mm512_castpd_ps(_mm512_unpacklo_pd(x0, x2)));
+  _mm512_store_ps(out + 16, _mm512_castpd_ps(_mm512_unpackhi_pd(x0, x2)));
+  _mm512_store_ps(out + 32, _mm512_castpd_ps(_mm512_unpacklo_pd(x1, x3)));
+  _mm512_store_ps(out + 48, _mm512_castpd_ps(_mm512_unpackhi_pd(x1, x3)));
+}
+
+// s[j * 4 + r] = q[r] . k[j] (unscaled by the K scales) for every pass of 4 rows and nk keys (kb
+// padded to whole groups of 16); the same lane layout as qk_pass<T, 4>. qd/corr/qs: the rows'
+// digits (quantize_query_row: per pass of 4 rows, d / 4 x 12 dwords), d a multiple of 64 up to 256.
+// G groups of 16 keys at a time (the query digits loaded once for both); pk: the rows to request
+// meanwhile (two lines per step of the first pass).
+template <int G>
+ESCALA_VNNI_ATTR void qk_i8_vnni_groups(const int32_t* qd, const int32_t* corr, const float* qs, int d,
+                                        const uint8_t* const* kb, size_t off, int rows, float* s,
+                                        const uint8_t* const* pk, size_t poff) {
+  const int nc = d / 4, lines = d / 64;  // dwords and cache lines per key row
+  alignas(64) __m512i kt[G][64];
+  for (int g = 0; g < G; ++g) transpose_keys(kb + 16 * g, off, d, kt[g]);
+  for (int r0 = 0; r0 < rows; r0 += kVnniRows) {
+    const int32_t* qr = qd + size_t(r0) * 3 * nc;  // this pass's d / 4 x 12 dwords
+    __m512i acc[G][kVnniRows][3];
+    for (int r = 0; r < kVnniRows; ++r)
+      for (int p = 0; p < 3; ++p) {
+        const __m512i c0 = _mm512_set1_epi32(corr[(r0 + r) * 3 + p]);
+        for (int g = 0; g < G; ++g) acc[g][r][p] = c0;
+      }
+    for (int c = 0; c < nc; ++c) {
+      if (pk && r0 == 0)
+        for (int i = 0; i < G; ++i) {
+          const int li = c * G + i;  // line li of the G x 16 keys' rows
+          request(pk[li / lines] + poff + 64 * (li % lines));
+        }
+      for (int r = 0; r < kVnniRows; ++r)
+        for (int p = 0; p < 3; ++p) {
+          if constexpr (G == 1) {
+            acc[0][r][p] = dpbusd_bcast(acc[0][r][p], kt[0][c], qr + c * 12 + r * 3 + p);
+          } else {
+            const __m512i qb = _mm512_set1_epi32(qr[c * 12 + r * 3 + p]);
+            for (int g = 0; g < G; ++g) acc[g][r][p] = dpbusd(acc[g][r][p], kt[g][c], qb);
+          }
+        }
+    }
+    for (int g = 0; g < G; ++g)
+      vnni_scores(acc[g], qs + r0, s + size_t(r0) * kBlock + size_t(16 * g) * kVnniRows);
+  }
+}
+
+ESCALA_VNNI_ATTR void qk_i8_vnni(const int32_t* qd, const int32_t* corr, const float* qs, int d,
+                                 const uint8_t* const* kb, size_t off, int nk, int rows, float* s,
+                                 const uint8_t* const* pk, size_t poff) {
+  static_assert(kBlock == 32, "one or two groups of 16 keys per block");
+  if (nk > 16)
+    qk_i8_vnni_groups<2>(qd, corr, qs, d, kb, off, rows, s, pk, poff);
+  else
+    qk_i8_vnni_groups<1>(qd, corr, qs, d, kb, off, rows, s, pk, poff);
+}
+#pragma GCC diagnostic pop
+#else
+#undef ESCALA_DECODE_VNNI
+#define ESCALA_DECODE_VNNI 0
+#endif
+
 // The lane layout of a pass (lane kk * NR + r: key kk, row r): lane permutations that combine
 // the lanes of one row (XOR by NR, 2 NR, ... L/2), and the one that spreads per-key values over it.
 struct LaneLayout {
@@ -381,6 +562,12 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
   QkFn qk;
   PvFn pv;
   pick_kernels(t, nr, &qk, &pv);
+#if ESCALA_DECODE_VNNI
+  const bool vnni_qk = t == DType::kI8 && nr == kVnniRows && d % 64 == 0 && d <= 256 && cpu_has_vnni();
+#else
+  const bool vnni_qk = false;
+  (void)vnni_qk;
+#endif
 
   // Queries, pre-scaled; head dims are multiples of 8, vectors may be 16 wide: pad with zeros.
   const int dp = (d + L - 1) / L * L, dvp = (dv + L - 1) / L * L;
@@ -395,6 +582,12 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
       const auto* src = static_cast<const uint8_t*>(p.q) + ((g.q0 + i) * p.q_row_stride + h * p.q_head_stride) * qb;
       row_to_f32(src, p.q_dtype, d, effective_scale(p) * unbias, dst);
     }
+#if ESCALA_DECODE_VNNI
+  if (vnni_qk)
+    for (int r = 0; r < nh * rows; ++r)
+      quantize_query_row(q + size_t(r) * dp, d, r % kVnniRows, sc.qd.get() + size_t(r / kVnniRows) * 12 * (d / 4),
+                         sc.qcorr.get() + r * 3, sc.qs.get() + r);
+#endif
   float* o = sc.o.get();
   std::fill(o, o + size_t(nh) * rows * dvp, 0.0f);
   float* m = sc.m.get();
@@ -491,7 +684,13 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
       const uint8_t* const* pfk = direct && next.n > 0 ? next.k : nullptr;
       const uint8_t* const* pfv = direct && next.n > 0 ? next.v : nullptr;
       const size_t pkoff = koff, pvoff = voff;
-      qk(qh, size_t(dp), cur.k, koff, nk, rows, s, pfk, pkoff);
+#if ESCALA_DECODE_VNNI
+      if (vnni_qk)
+        qk_i8_vnni(sc.qd.get() + size_t(hk) * rows * 3 * (d / 4), sc.qcorr.get() + hk * rows * 3,
+                   sc.qs.get() + hk * rows, d, cur.k, koff, nk, rows, s, pfk, pkoff);
+      else
+#endif
+        qk(qh, size_t(dp), cur.k, koff, nk, rows, s, pfk, pkoff);
       const int nvec = nkp * nr / L;  // score vectors per pass
       for (int r0 = 0; r0 < rows; r0 += nr) {
         float* sp = s + size_t(r0) * kBlock;
