@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attention/cpu/exp-inl.h"
@@ -274,13 +275,13 @@ void pick_kernels(DType t, int nr, QkFn* qk, PvFn* pv) {
 #undef ESCALA_DECODE_VNNI
 #undef ESCALA_VNNI_ATTR
 #define ESCALA_DECODE_VNNI 1
-#define ESCALA_VNNI_ATTR __attribute__((target(HWY_TARGET_STR ",avx512vnni")))
+#define ESCALA_VNNI_ATTR __attribute__((target(HWY_TARGET_STR ",avx512vnni,avx512vbmi")))
 // GCC 12 reports the intrinsics' internal undefined vectors as maybe uninitialized.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 bool cpu_has_vnni() {
-  static const bool has = __builtin_cpu_supports("avx512vnni");
+  static const bool has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
   return has;
 }
 constexpr int32_t kQMax = 127 * 65536;  // |q| in units of qs; digits stay within [-127, 127]
@@ -383,11 +384,11 @@ ESCALA_VNNI_ATTR HWY_INLINE void vnni_scores(const __m512i (*acc)[3], const floa
 // digits (quantize_query_row: per pass of 4 rows, d / 4 x 12 dwords), d a multiple of 64 up to 256.
 // G groups of 16 keys at a time (the query digits loaded once for both); pk: the rows to request
 // meanwhile (two lines per step of the first pass).
-template <int G>
+template <int G, int LINES>
 ESCALA_VNNI_ATTR void qk_i8_vnni_groups(const int32_t* qd, const int32_t* corr, const float* qs, int d,
                                         const uint8_t* const* kb, size_t off, int rows, float* s,
                                         const uint8_t* const* pk, size_t poff) {
-  const int nc = d / 4, lines = d / 64;  // dwords and cache lines per key row
+  const int nc = d / 4;  // dwords per key row
   alignas(64) __m512i kt[G][64];
   for (int g = 0; g < G; ++g) transpose_keys(kb + 16 * g, off, d, kt[g]);
   for (int r0 = 0; r0 < rows; r0 += kVnniRows) {
@@ -401,8 +402,8 @@ ESCALA_VNNI_ATTR void qk_i8_vnni_groups(const int32_t* qd, const int32_t* corr, 
     for (int c = 0; c < nc; ++c) {
       if (pk && r0 == 0)
         for (int i = 0; i < G; ++i) {
-          const int li = c * G + i;  // line li of the G x 16 keys' rows
-          request(pk[li / lines] + poff + 64 * (li % lines));
+          const int li = c * G + i;  // line li of the G x 16 keys' rows (LINES per row)
+          request(pk[li / LINES] + poff + 64 * (li % LINES));
         }
       for (int r = 0; r < kVnniRows; ++r)
         for (int p = 0; p < 3; ++p) {
@@ -419,14 +420,110 @@ ESCALA_VNNI_ATTR void qk_i8_vnni_groups(const int32_t* qd, const int32_t* corr, 
   }
 }
 
+// P.V of int8 values for the passes of 4 rows with VNNI, exact like qk_i8_vnni: each row's weights
+// of the block (w[j * 4 + r], >= 0, the V scales folded in) as 24-bit integers relative to the
+// row's max (three unsigned 8-bit digits, error 2^-24 of that max), against 4 keys' values
+// interleaved bytewise (a dword per column: 8 unpacks per 4 keys and 64 columns); each digit's
+// sums are exact in int32 for a block, then o = o * alpha + step * (65536 A2 + 256 A1 + A0) in f32.
+// o is kept in the column order of the interleave (vnni_column), undone when the split ends.
+// Weights past nk are zero; vb is padded to whole groups of 4 keys.
+constexpr int kWMax = (1 << 24) - 1;
+HWY_INLINE size_t vnni_column(int c) {  // where column c of a V row lives in a row of o
+  const int w = c % 64;
+  return size_t(c - w + (w % 16) / 4 * 16 + w / 16 * 4 + w % 4);
+}
+// One chunk of 32 columns of o (the half HALF of 64 columns at h) for a pass of 4 rows: the 4 keys
+// of group g interleaved, 24 digit sums in registers over the block, then added to o.
+template <int HALF>
+ESCALA_VNNI_ATTR HWY_INLINE void pv_i8_chunk(const int32_t* wq, const uint8_t* const* vb, size_t off, int ng,
+                                              const float* step, const float* alpha, size_t dvp, float* o,
+                                              const uint8_t* const* pv, size_t poff) {
+  __m512i acc[2][kVnniRows][3];
+  for (int m = 0; m < 2; ++m)
+    for (int r = 0; r < kVnniRows; ++r)
+      for (int p = 0; p < 3; ++p) acc[m][r][p] = _mm512_setzero_si512();
+  for (int g = 0; g < ng; ++g) {
+    const uint8_t* const* v4 = vb + 4 * g;
+    if (HALF == 0 && pv)  // the same lines of the next block's rows
+      for (int t = 0; t < 4; ++t) request(pv[4 * g + t] + poff);
+    const __m512i a0 = _mm512_loadu_si512(v4[0] + off), a1 = _mm512_loadu_si512(v4[1] + off);
+    const __m512i a2 = _mm512_loadu_si512(v4[2] + off), a3 = _mm512_loadu_si512(v4[3] + off);
+    const __m512i b01 = HALF == 0 ? _mm512_unpacklo_epi8(a0, a1) : _mm512_unpackhi_epi8(a0, a1);
+    const __m512i b23 = HALF == 0 ? _mm512_unpacklo_epi8(a2, a3) : _mm512_unpackhi_epi8(a2, a3);
+    const __m512i e[2] = {_mm512_unpacklo_epi16(b01, b23), _mm512_unpackhi_epi16(b01, b23)};
+    for (int r = 0; r < kVnniRows; ++r)
+      for (int p = 0; p < 3; ++p) {
+        const __m512i wb = _mm512_set1_epi32(wq[12 * g + r * 3 + p]);
+        for (int m = 0; m < 2; ++m) acc[m][r][p] = dpbusd(acc[m][r][p], wb, e[m]);
+      }
+  }
+  for (int m = 0; m < 2; ++m)
+    for (int r = 0; r < kVnniRows; ++r) {
+      // 256 * (256 A2 + A1) + A0: the first part fits in int32 for 32 keys.
+      const __m512i hi = _mm512_add_epi32(_mm512_slli_epi32(acc[m][r][2], 8), acc[m][r][1]);
+      const __m512 res = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_set1_ps(256.0f * step[r]),
+                                         _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m][r][0]), _mm512_set1_ps(step[r])));
+      float* oc = o + size_t(r) * dvp + 16 * (2 * HALF + m);
+      _mm512_store_ps(oc, _mm512_fmadd_ps(_mm512_load_ps(oc), _mm512_set1_ps(alpha[r]), res));
+    }
+}
+
+ESCALA_VNNI_ATTR void pv_i8_vnni(const float* w, const uint8_t* const* vb, size_t off, const float* alpha, int nk,
+                                 int rows, int dv, size_t dvp, float* o, const uint8_t* const* pv, size_t poff) {
+  const int ng = (nk + 3) / 4;
+  // Byte (r * 3 + p) * 4 + k of a group's 48 = digit p of key k's weight for row r (lane 4k + r).
+  alignas(64) static const uint8_t kIdx[64] = {
+      0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 4, 20, 36, 52, 5, 21, 37, 53, 6, 22, 38, 54,
+      8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58, 12, 28, 44, 60, 13, 29, 45, 61, 14, 30, 46, 62};
+  const __m512i idx = _mm512_load_si512(kIdx);
+  alignas(64) int32_t wq[(kBlock / 4) * 12 + 16];
+  for (int r0 = 0; r0 < rows; r0 += kVnniRows, w += size_t(kBlock) * kVnniRows) {
+    // Each row's max over the block (lanes 4k + r), its step and the digits.
+    __m512 mx = _mm512_setzero_ps();
+    for (int g = 0; g < ng; ++g) mx = _mm512_max_ps(mx, _mm512_load_ps(w + 16 * g));  // keys 4g..4g+3
+    mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, 0x4E));
+    mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, 0xB1));
+    const __mmask16 pos = _mm512_cmp_ps_mask(mx, _mm512_setzero_ps(), _CMP_GT_OQ);
+    const __m512 inv = _mm512_maskz_div_ps(pos, _mm512_set1_ps(float(kWMax)), mx);
+    alignas(64) float step[16];
+    _mm512_store_ps(step, _mm512_mul_ps(mx, _mm512_set1_ps(1.0f / float(kWMax))));
+    const __m512i top = _mm512_set1_epi32(kWMax);
+    for (int g = 0; g < ng; ++g) {
+      const __m512i x = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(w + 16 * g), inv)), top);
+      _mm512_mask_storeu_epi8(wq + 12 * g, 0x0000FFFFFFFFFFFFull, _mm512_permutexvar_epi8(idx, x));
+    }
+    float* orow = o + size_t(r0) * dvp;
+    const uint8_t* const* rq = r0 == 0 ? pv : nullptr;
+    for (int h = 0; h < dv / 64; ++h) {
+      pv_i8_chunk<0>(wq, vb, off + 64 * size_t(h), ng, step, alpha + r0, dvp, orow + 64 * h, rq, poff + 64 * size_t(h));
+      pv_i8_chunk<1>(wq, vb, off + 64 * size_t(h), ng, step, alpha + r0, dvp, orow + 64 * h, rq, poff + 64 * size_t(h));
+    }
+  }
+}
+
 ESCALA_VNNI_ATTR void qk_i8_vnni(const int32_t* qd, const int32_t* corr, const float* qs, int d,
                                  const uint8_t* const* kb, size_t off, int nk, int rows, float* s,
                                  const uint8_t* const* pk, size_t poff) {
-  static_assert(kBlock == 32, "one or two groups of 16 keys per block");
-  if (nk > 16)
-    qk_i8_vnni_groups<2>(qd, corr, qs, d, kb, off, rows, s, pk, poff);
-  else
-    qk_i8_vnni_groups<1>(qd, corr, qs, d, kb, off, rows, s, pk, poff);
+  static_assert(kBlock % 32 == 0, "whole parts of 32 keys per block");
+  int j0 = 0;
+  auto run = [&](auto g, auto lines) {
+    qk_i8_vnni_groups<decltype(g)::value, decltype(lines)::value>(qd, corr, qs, d, kb + j0, off, rows,
+                                                                  s + size_t(j0) * kVnniRows, pk ? pk + j0 : nullptr, poff);
+  };
+  auto by_lines = [&](auto g) {
+    switch (d / 64) {
+      case 1: run(g, std::integral_constant<int, 1>()); break;
+      case 2: run(g, std::integral_constant<int, 2>()); break;
+      case 3: run(g, std::integral_constant<int, 3>()); break;
+      default: run(g, std::integral_constant<int, 4>()); break;
+    }
+  };
+  for (; j0 < nk; j0 += 32) {  // two groups of 16 keys at a time (the last part: one if it has no more)
+    if (nk - j0 > 16)
+      by_lines(std::integral_constant<int, 2>());
+    else
+      by_lines(std::integral_constant<int, 1>());
+  }
 }
 #pragma GCC diagnostic pop
 #else
@@ -564,9 +661,11 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
   pick_kernels(t, nr, &qk, &pv);
 #if ESCALA_DECODE_VNNI
   const bool vnni_qk = t == DType::kI8 && nr == kVnniRows && d % 64 == 0 && d <= 256 && cpu_has_vnni();
+  const bool vnni_pv = vnni_qk && dv % 64 == 0;
 #else
-  const bool vnni_qk = false;
+  const bool vnni_qk = false, vnni_pv = false;
   (void)vnni_qk;
+  (void)vnni_pv;
 #endif
 
   // Queries, pre-scaled; head dims are multiples of 8, vectors may be 16 wide: pad with zeros.
@@ -712,7 +811,12 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
         const size_t st = (size_t(hk) * rows + r0) / nr * L;  // this pass's running state
         softmax_pass(sp, nvec, lay, quant ? vs : nullptr, m + st, l + st, alpha + r0);
       }
-      pv(s, cur.v, voff, alpha, nk, rows, size_t(dvp), oh, pfv, pvoff);
+#if ESCALA_DECODE_VNNI
+      if (vnni_pv)
+        pv_i8_vnni(s, cur.v, voff, alpha, nk, rows, dv, size_t(dvp), oh, pfv, pvoff);
+      else
+#endif
+        pv(s, cur.v, voff, alpha, nk, rows, size_t(dvp), oh, pfv, pvoff);
     }
     v0 = v1;
     cur_i = next_i;
@@ -726,7 +830,13 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
       const float mr = m[st + r % nr];
       const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
       const float inv_o = inv * unbias;  // fp8: the V half of 2^120
-      for (int c = 0; c < dv; ++c) out_o[size_t(ro) * dv + c] = o[size_t(rp) * dvp + c] * inv_o;
+      const float* orow = o + size_t(rp) * dvp;
+#if ESCALA_DECODE_VNNI
+      if (vnni_pv)  // o's columns in the order of the int8 interleave
+        for (int c = 0; c < dv; ++c) out_o[size_t(ro) * dv + c] = orow[vnni_column(c)] * inv_o;
+      else
+#endif
+        for (int c = 0; c < dv; ++c) out_o[size_t(ro) * dv + c] = orow[c] * inv_o;
       out_lse[ro] = lr > 0.0f ? mr + std::log(lr) : kNegInf;
     }
 }
