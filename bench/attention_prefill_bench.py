@@ -4,7 +4,7 @@ cuDNN and FlashAttention-2 backends, and FlexAttention for the window and sink m
 
 Every implementation runs the same shapes on fresh random bf16 inputs (normal, never zeros), timed
 with CUDA events around each call, median of --reps runs after warm-up. FLOPs are counted over the
-(query, key) pairs the mask lets through: 4 * d * pairs * h * B (so a causal square is about half
+(query, key) pairs the mask lets through: 2 * (d + dv) * pairs * h * B (so a causal square is about half
 of the dense one); the same count divides every implementation's time.
 
 Usage: python3 bench/attention_prefill_bench.py --bin build/tests/escala_gpu_tests [--reps 30]
@@ -17,11 +17,12 @@ import sys
 
 from cuda_timing import time_cuda
 
-# name, B, S, h, hk, d, causal, window_left, sinks   (window_left -1: none; window right is 0 when set)
+# name, B, S, h, hk, d, causal, window_left, sinks, dv   (window_left -1: none; window right is 0
+# when set)
 TOKENS = 32768
 
 
-def shapes():
+def shapes(extra):
     out = []
     for d in (64, 128, 256):
         for s in (1024, 4096, 16384):
@@ -32,6 +33,12 @@ def shapes():
     # A window of 4096 keys including the query itself: window_left = 4095, causal.
     out.append(("window4096_d128_S16k", TOKENS // 16384, 16384, 16, 16, 128, 1, 4095, 0))
     out.append(("sinks4+window4096_d128_S16k", TOKENS // 16384, 16384, 16, 16, 128, 1, 4095, 4))
+    out = [s + (s[5],) for s in out]
+    if extra:  # head dims outside the grid (not in the geometric mean)
+        for d, dv in ((96, 96), (192, 192), (192, 128)):
+            for causal in (0, 1):
+                tag = f"d{d}" if d == dv else f"d{d}v{dv}"
+                out.append((f"x_{tag}_S4k_{'causal' if causal else 'full'}", 8, 4096, 16, 16, d, causal, -1, 0, dv))
     return out
 
 
@@ -46,14 +53,14 @@ def visible_pairs(S, causal, wl, sinks):
 
 
 def flops(shape):
-    _, B, S, h, _, d, causal, wl, sinks = shape
-    return 4.0 * d * visible_pairs(S, causal, wl, sinks) * h * B
+    _, B, S, h, _, d, causal, wl, sinks, dv = shape
+    return 2.0 * (d + dv) * visible_pairs(S, causal, wl, sinks) * h * B
 
 
 def run_escala(binary, shape_list, reps, arch):
     specs = []
-    for name, B, S, h, hk, d, causal, wl, sinks in shape_list:
-        spec = f"{name},B={B},S={S},h={h},hk={hk},d={d},causal={causal},sinks={sinks}"
+    for name, B, S, h, hk, d, causal, wl, sinks, dv in shape_list:
+        spec = f"{name},B={B},S={S},h={h},hk={hk},d={d},dv={dv},causal={causal},sinks={sinks}"
         if wl >= 0:
             spec += f",wl={wl},wr=0"
         specs.append(spec)
@@ -72,11 +79,11 @@ def run_peers(shape, reps, flex_cache):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    name, B, S, h, hk, d, causal, wl, sinks = shape
+    name, B, S, h, hk, d, causal, wl, sinks, dv = shape
     torch.manual_seed(hash(name) % 1000)
     q = torch.randn(B, h, S, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(B, hk, S, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(B, hk, S, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, hk, S, dv, device="cuda", dtype=torch.bfloat16)
     fl = flops(shape)
     out = {}
     if wl < 0 and sinks == 0:
@@ -119,9 +126,10 @@ def main():
     ap.add_argument("--filter", default="", help="only shapes whose name contains this")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--sm80", action="store_true", help="also time the portable sm_80 kernel")
+    ap.add_argument("--extra", action="store_true", help="also head dims 96, 192 and 192/128 (outside the grid)")
     args = ap.parse_args()
 
-    shape_list = [s for s in shapes() if args.filter in s[0]]
+    shape_list = [s for s in shapes(args.extra) if args.filter in s[0]]
     esc = run_escala(args.bin, shape_list, args.reps, "auto")
     esc80 = run_escala(args.bin, shape_list, args.reps, "sm80") if args.sm80 else {}
     rows = []
@@ -135,7 +143,7 @@ def main():
         gpu = torch.cuda.get_device_name(0) + f", torch {torch.__version__}"
     except Exception:
         gpu = "?"
-    print(f"\n# CUDA prefill, bf16, TFLOP/s over visible pairs (4*d*pairs*h*B); {gpu}; median of {args.reps}")
+    print(f"\n# CUDA prefill, bf16, TFLOP/s over visible pairs (2*(d+dv)*pairs*h*B); {gpu}; median of {args.reps}")
     print("| shape | B | Escala | Escala sm80 | cuDNN | FA2 | Flex | best peer | Escala / best |")
     print("|---|---|---|---|---|---|---|---|---|")
     ratios_dense = []
@@ -145,7 +153,7 @@ def main():
         vals = {k: v for k, v in peers.items() if v}
         best = max(vals.values()) if vals else None
         ratio = et / best if (et and best) else None
-        if ratio and s[7] < 0 and s[8] == 0:
+        if ratio and s[7] < 0 and s[8] == 0 and not s[0].startswith("x_"):
             ratios_dense.append(ratio)
         rs = f"{ratio:.2f}" if ratio else "n/a"
         print(f"| {s[0]} | {s[1]} | {f(et)} | {f(e80[1] if e80 else None)} | {f(peers.get('cuDNN'))} | "

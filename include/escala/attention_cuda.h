@@ -20,8 +20,9 @@ struct CudaOptions {
   // CUDA graph and replayed with new lengths in device memory (set num_splits and workspace too).
   int max_q_len = 0;
   int max_kv_len = 0;
-  // Scratch for the split partials (decode_workspace_bytes). Null: a buffer cached by the library,
-  // grown with cudaMalloc when too small (not capturable).
+  // Scratch for the split partials (decode_workspace_bytes), or for the prefill kernel's work
+  // counter (its first 4 bytes). Null: a buffer cached by the library (per stream for the
+  // prefill counter), allocated with cudaMalloc on first use or when too small (not capturable).
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

@@ -1,7 +1,7 @@
 // Benchmark mode of the GPU test binary: `escala_gpu_tests --bench [--reps N] [--arch sm80|sm90] SPEC...` where SPEC is
-// name,B=..,S=..[,Sk=..],h=..,hk=..,d=..[,causal=1][,wl=..][,wr=..][,sinks=..][,dtype=bf16|f16].
+// name,B=..,S=..[,Sk=..],h=..,hk=..,d=..[,dv=..][,causal=1][,wl=..][,wr=..][,sinks=..][,dtype=bf16|f16].
 // Fresh random inputs per shape (never zeros), CUDA events around each launch, median of N.
-// FLOPs = 4 * d * (visible (query, key) pairs) * h * B: only pairs the mask lets through count.
+// FLOPs = 2 * (d + dv) * (visible (query, key) pairs) * h * B: only pairs the mask lets through count.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,7 +22,7 @@ namespace {
 
 struct Shape {
   std::string name;
-  int B = 1, S = 1024, Sk = 0, h = 16, hk = 16, d = 128, wl = -1, wr = -1, sinks = 0;
+  int B = 1, S = 1024, Sk = 0, h = 16, hk = 16, d = 128, dv = 0, wl = -1, wr = -1, sinks = 0;
   bool causal = false;
   DType dt = DType::kBF16;
 };
@@ -41,6 +41,7 @@ bool parse_shape(const std::string& spec, Shape& s) {
     else if (k == "h") s.h = x;
     else if (k == "hk") s.hk = x;
     else if (k == "d") s.d = x;
+    else if (k == "dv") s.dv = x;
     else if (k == "causal") s.causal = x != 0;
     else if (k == "wl") s.wl = x;
     else if (k == "wr") s.wr = x;
@@ -49,6 +50,7 @@ bool parse_shape(const std::string& spec, Shape& s) {
     return true;
   });
   if (s.Sk == 0) s.Sk = s.S;
+  if (s.dv == 0) s.dv = s.d;
   return ok;
 }
 
@@ -101,16 +103,16 @@ int run_bench(int argc, char** argv) {
   uint64_t seed = 1;
   for (const Shape& s : shapes) {
     const int64_t tq = static_cast<int64_t>(s.B) * s.S, tk = static_cast<int64_t>(s.B) * s.Sk;
-    const size_t nq = tq * s.h * s.d, nk = tk * s.hk * s.d;
-    std::vector<uint16_t> host(std::max(nq, nk));
-    DeviceBuffer dq(nq * 2), dk(nk * 2), dv(nk * 2), d_o(nq * 2), dlse(tq * s.h * 4), dcq((s.B + 1) * 4),
+    const size_t nq = tq * s.h * s.d, nk = tk * s.hk * s.d, nv = tk * s.hk * s.dv, no = tq * s.h * s.dv;
+    std::vector<uint16_t> host(std::max({nq, nk, nv}));
+    DeviceBuffer dq(nq * 2), dk(nk * 2), dv(nv * 2), d_o(no * 2), dlse(tq * s.h * 4), dcq((s.B + 1) * 4),
         dck((s.B + 1) * 4);
     fast_random_half(host.data(), nq, s.dt, seed++);
     GPU_CHECK(cudaMemcpy(dq.get(), host.data(), nq * 2, cudaMemcpyHostToDevice));
     fast_random_half(host.data(), nk, s.dt, seed++);
     GPU_CHECK(cudaMemcpy(dk.get(), host.data(), nk * 2, cudaMemcpyHostToDevice));
-    fast_random_half(host.data(), nk, s.dt, seed++);
-    GPU_CHECK(cudaMemcpy(dv.get(), host.data(), nk * 2, cudaMemcpyHostToDevice));
+    fast_random_half(host.data(), nv, s.dt, seed++);
+    GPU_CHECK(cudaMemcpy(dv.get(), host.data(), nv * 2, cudaMemcpyHostToDevice));
     std::vector<int32_t> cu_q(s.B + 1), cu_k(s.B + 1);
     for (int b = 0; b <= s.B; ++b) cu_q[b] = b * s.S, cu_k[b] = b * s.Sk;
     dcq.upload(cu_q), dck.upload(cu_k);
@@ -118,17 +120,18 @@ int run_bench(int argc, char** argv) {
     attn::AttentionParams p;
     p.q = dq.get(), p.k = dk.get(), p.v = dv.get(), p.o = d_o.get(), p.lse = dlse.get<float>();
     p.q_dtype = p.kv_dtype = p.o_dtype = s.dt;
-    p.q_row_stride = p.o_row_stride = static_cast<int64_t>(s.h) * s.d;
-    p.k_row_stride = p.v_row_stride = static_cast<int64_t>(s.hk) * s.d;
-    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = s.d;
+    p.q_row_stride = static_cast<int64_t>(s.h) * s.d, p.o_row_stride = static_cast<int64_t>(s.h) * s.dv;
+    p.k_row_stride = static_cast<int64_t>(s.hk) * s.d, p.v_row_stride = static_cast<int64_t>(s.hk) * s.dv;
+    p.q_head_stride = p.k_head_stride = s.d;
+    p.v_head_stride = p.o_head_stride = s.dv;
     p.batch = s.B, p.cu_seqlens_q = dcq.get<int32_t>(), p.cu_seqlens_k = dck.get<int32_t>();
-    p.num_heads = s.h, p.num_kv_heads = s.hk, p.head_dim = s.d;
+    p.num_heads = s.h, p.num_kv_heads = s.hk, p.head_dim = s.d, p.head_dim_v = s.dv;
     p.causal = s.causal, p.window_left = s.wl, p.window_right = s.wr, p.num_sinks = s.sinks;
     attn::CudaOptions opt;
     opt.host_cu_seqlens_q = cu_q.data(), opt.host_cu_seqlens_k = cu_k.data();
 
     const attn::Mask mask{s.causal, s.wl, s.wr, s.sinks};
-    const double flops = 4.0 * s.d * visible_pairs(mask, s.S, s.Sk) * s.h * s.B;
+    const double flops = 2.0 * (s.d + s.dv) * visible_pairs(mask, s.S, s.Sk) * s.h * s.B;
     std::vector<float> ms;
     bool failed = false;
     for (int r = 0; r < reps + 3 && !failed; ++r) {

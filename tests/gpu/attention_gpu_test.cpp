@@ -25,6 +25,7 @@ using attn::AttentionParams;
 struct Case {
   std::vector<int> q_lens, kv_lens;
   int h = 4, hk = 4, d = 64;
+  int dv = 0;  // head_dim_v; 0 means d
   DType dt = DType::kBF16;
   bool causal = false;
   int wl = -1, wr = -1, sinks = 0;
@@ -35,13 +36,15 @@ struct Case {
   bool host_seqlens = true;   // give the launcher host copies of cu_seqlens
   uint64_t seed = 1;
 
+  int d_v() const { return dv ? dv : d; }
+
   std::string describe() const {
     std::ostringstream os;
     os << "q_lens={";
     for (int x : q_lens) os << x << ",";
     os << "} kv_lens={";
     for (int x : kv_lens) os << x << ",";
-    os << "} h=" << h << " hk=" << hk << " d=" << d << " " << dtype_name(dt) << " causal=" << causal
+    os << "} h=" << h << " hk=" << hk << " d=" << d << " dv=" << d_v() << " " << dtype_name(dt) << " causal=" << causal
        << " window=(" << wl << "," << wr << ") sinks=" << sinks << " sink_logits=" << sink_logits
        << " softcap=" << softcap << " packed=" << packed_qkv;
     return os.str();
@@ -55,7 +58,7 @@ struct Outputs {
 
 void compare(const Case& c, const Outputs& out, const std::vector<float>& o_ref, const std::vector<float>& lse_ref) {
   compare_outputs(out.o, out.lse, o_ref, lse_ref, c.dt, c.dt == DType::kBF16 ? kTolBf16 : kTolF16,
-                  c.dt == DType::kBF16 ? 8e-3 : 2e-3, c.h, c.d);
+                  c.dt == DType::kBF16 ? 8e-3 : 2e-3, c.h, c.d_v());
 }
 
 // The kernels this device can run: sm_80 everywhere, sm_90a on Hopper.
@@ -78,12 +81,12 @@ void check_case(const Case& c) {
   std::vector<int32_t> cu_q(batch + 1, 0), cu_k(batch + 1, 0);
   for (int b = 0; b < batch; ++b) cu_q[b + 1] = cu_q[b] + c.q_lens[b], cu_k[b + 1] = cu_k[b] + c.kv_lens[b];
   const int64_t tq = cu_q[batch], tk = cu_k[batch];
-  const int d = c.d;
+  const int d = c.d, d_v = c.d_v();
 
   AttentionParams p;
   p.q_dtype = p.kv_dtype = p.o_dtype = c.dt;
   p.batch = batch;
-  p.num_heads = c.h, p.num_kv_heads = c.hk, p.head_dim = d;
+  p.num_heads = c.h, p.num_kv_heads = c.hk, p.head_dim = d, p.head_dim_v = c.dv;
   p.causal = c.causal, p.window_left = c.wl, p.window_right = c.wr, p.num_sinks = c.sinks;
   p.softcap = c.softcap, p.softmax_scale = c.scale;
 
@@ -91,7 +94,7 @@ void check_case(const Case& c) {
   std::vector<uint16_t> hq, hk_, hv, hqkv;
   if (c.packed_qkv) {
     EXPECT_EQ(tq, tk);
-    const int64_t row = static_cast<int64_t>(c.h + 2 * c.hk) * d;
+    const int64_t row = static_cast<int64_t>(c.h + c.hk) * d + static_cast<int64_t>(c.hk) * d_v;
     hqkv = random_half(tq * row, c.dt, c.seed);
     p.q = hqkv.data();
     p.k = hqkv.data() + static_cast<size_t>(c.h) * d;
@@ -100,24 +103,26 @@ void check_case(const Case& c) {
   } else {
     hq = random_half(tq * c.h * d, c.dt, c.seed);
     hk_ = random_half(tk * c.hk * d, c.dt, c.seed + 1000);
-    hv = random_half(tk * c.hk * d, c.dt, c.seed + 2000);
+    hv = random_half(tk * c.hk * d_v, c.dt, c.seed + 2000);
     p.q = hq.data(), p.k = hk_.data(), p.v = hv.data();
     p.q_row_stride = static_cast<int64_t>(c.h) * d;
-    p.k_row_stride = p.v_row_stride = static_cast<int64_t>(c.hk) * d;
+    p.k_row_stride = static_cast<int64_t>(c.hk) * d;
+    p.v_row_stride = static_cast<int64_t>(c.hk) * d_v;
   }
-  p.q_head_stride = p.k_head_stride = p.v_head_stride = d;
-  p.o_row_stride = static_cast<int64_t>(c.h) * d, p.o_head_stride = d;
+  p.q_head_stride = p.k_head_stride = d;
+  p.v_head_stride = d_v;
+  p.o_row_stride = static_cast<int64_t>(c.h) * d_v, p.o_head_stride = d_v;
   std::vector<float> sinks(c.h);
   for (int h = 0; h < c.h; ++h) sinks[h] = 0.5f * static_cast<float>(h % 5) - 0.5f;  // -0.5 .. 1.5
   p.sink_logits = c.sink_logits ? sinks.data() : nullptr;
   p.cu_seqlens_q = cu_q.data(), p.cu_seqlens_k = cu_k.data();
 
   // Reference.
-  std::vector<float> o_ref(tq * c.h * d), lse_ref(tq * c.h);
+  std::vector<float> o_ref(tq * c.h * d_v), lse_ref(tq * c.h);
   parallel_reference(p, o_ref, lse_ref, tq);
 
   // Device copies.
-  DeviceBuffer dq, dk, dv, dqkv, d_o(std::max<int64_t>(1, tq * c.h * d) * 2), d_lse(std::max<int64_t>(1, tq * c.h) * 4),
+  DeviceBuffer dq, dk, dv, dqkv, d_o(std::max<int64_t>(1, tq * c.h * d_v) * 2), d_lse(std::max<int64_t>(1, tq * c.h) * 4),
       dcq((batch + 1) * 4), dck((batch + 1) * 4), dsink(c.h * 4);
   AttentionParams g = p;
   if (c.packed_qkv) {
@@ -151,7 +156,7 @@ void check_case(const Case& c) {
       ASSERT_TRUE(st.ok()) << st.message();
       GPU_CHECK(cudaDeviceSynchronize());
       GPU_CHECK(cudaGetLastError());
-      r.o.resize(tq * c.h * d), r.lse.resize(tq * c.h);
+      r.o.resize(tq * c.h * d_v), r.lse.resize(tq * c.h);
       if (tq > 0) d_o.download(r.o), d_lse.download(r.lse);
     }
     ASSERT_TRUE(run[0].o == run[1].o) << "two runs differ: a race?";
@@ -277,19 +282,49 @@ TEST(AttentionCuda, LongSequences) {
   check_case(c);
 }
 
+// Head dims below a kernel's tile width (zero-padded columns: 32, 80, 96, 160), the 192-wide
+// kernel, and d_v != d_qk (192/128 has its own sm_90 kernel; 128/64 runs in the square one).
+TEST(AttentionCuda, OtherHeadDimsAndUnequalDv) {
+  const int dims[][2] = {{96, 96}, {192, 192}, {192, 128}, {32, 32}, {80, 80}, {160, 160}, {128, 64}};
+  for (auto& dd : dims)
+    for (bool causal : {false, true}) {
+      Case c;
+      c.q_lens = {1, 7, 129, 1000};
+      c.kv_lens = {1, 30, 129, 1000};
+      c.h = 8, c.hk = 2, c.d = dd[0], c.dv = dd[1], c.causal = causal;
+      c.dt = causal ? DType::kBF16 : DType::kF16;
+      c.seed = static_cast<uint64_t>(1100 + dd[0] + 7 * dd[1] + causal);
+      check_case(c);
+    }
+  Case c;  // every option at once on the two new widths
+  for (int d : {96, 192}) {
+    c.q_lens = {300, 5};
+    c.kv_lens = {700, 5};
+    c.h = 4, c.hk = 1, c.d = d, c.causal = true, c.wl = 100, c.wr = 0, c.sinks = 4, c.sink_logits = true;
+    c.softcap = 20.0f, c.seed = 1200 + d;
+    check_case(c);
+  }
+}
+
 TEST(AttentionCuda, UnsupportedInputsAreErrors) {
   AttentionParams p;
   int32_t cu[2] = {0, 4};
   DeviceBuffer buf(4096);
   p.q = p.k = p.v = p.o = buf.get();
   p.batch = 1, p.cu_seqlens_q = p.cu_seqlens_k = cu;
-  p.num_heads = p.num_kv_heads = 1, p.head_dim = 72;
+  p.num_heads = p.num_kv_heads = 1, p.head_dim = 68;
   p.q_dtype = p.kv_dtype = p.o_dtype = DType::kBF16;
   p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = 72;
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = 72;
   attn::CudaOptions opt;
   opt.host_cu_seqlens_q = cu, opt.host_cu_seqlens_k = cu;
-  EXPECT_FALSE(attn::attention_cuda(p, nullptr, opt).ok());  // head dim 72
+  EXPECT_FALSE(attn::attention_cuda(p, nullptr, opt).ok());  // head dim 68: not a multiple of 8
+  p.head_dim = 264;
+  EXPECT_FALSE(attn::attention_cuda(p, nullptr, opt).ok());  // head dim above 256
+  p.head_dim = 96;
+  attn::CudaOptions forced_decode = opt;
+  forced_decode.impl = attn::Impl::kDecode;
+  EXPECT_FALSE(attn::attention_cuda(p, nullptr, forced_decode).ok());  // the decode kernel has no d = 96
   p.head_dim = 64;
   p.q_dtype = p.kv_dtype = p.o_dtype = DType::kF32;
   EXPECT_FALSE(attn::attention_cuda(p, nullptr, opt).ok());  // f32
@@ -306,7 +341,7 @@ namespace {
 // Small shapes covering every kernel path, for compute-sanitizer memcheck/racecheck
 // (gpu_check.sh runs `--gtest_filter=AttentionCudaSmall.*` under the sanitizer).
 TEST(AttentionCudaSmall, AllPaths) {
-  for (int d : {64, 128, 256}) {
+  for (int d : {64, 96, 128, 192, 256}) {
     Case c;
     c.q_lens = {70, 3};
     c.kv_lens = {150, 3};
@@ -316,6 +351,11 @@ TEST(AttentionCudaSmall, AllPaths) {
     c.causal = false, c.wl = c.wr = -1, c.sinks = 0, c.softcap = 0.0f, c.dt = DType::kF16;
     check_case(c);
   }
+  Case u;  // d_v != d_qk
+  u.q_lens = {70, 3};
+  u.kv_lens = {150, 3};
+  u.h = 2, u.hk = 1, u.d = 192, u.dv = 128, u.causal = true, u.seed = 990;
+  check_case(u);
 }
 }  // namespace
 }  // namespace escala::gputest

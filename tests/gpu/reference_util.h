@@ -32,7 +32,7 @@ constexpr Tolerance kTolLse{2e-3, 2e-4};
 inline void parallel_reference(const AttentionParams& p, std::vector<float>& o_ref, std::vector<float>& lse_ref,
                         int64_t total_q) {
   const int group = p.num_heads / p.num_kv_heads;
-  const int d = p.head_dim;
+  const int d = p.head_dim_v ? p.head_dim_v : p.head_dim;  // O's row length
   std::vector<std::vector<float>> lse_h(p.num_heads, std::vector<float>(total_q));
   auto run = [&](int h) {
     AttentionParams r = p;

@@ -41,9 +41,10 @@ Status check_common(const AttentionParams& p) {
   if (p.num_heads < 1 || p.num_kv_heads < 1 || p.num_heads > 65535) return fail("bad head counts");
   if (p.num_heads % p.num_kv_heads != 0) return fail("num_heads must be divisible by num_kv_heads");
   const int dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
-  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
-    return fail("head_dim " + std::to_string(p.head_dim) + " not supported on CUDA yet (64, 128, 256)");
-  if (dv != p.head_dim) return fail("head_dim_v != head_dim not supported on CUDA yet");
+  // The prefill kernels zero-pad a head dim to their tile width (64, 128, 192 or 256 on sm_90).
+  for (int d : {p.head_dim, dv})
+    if (d < 8 || d > 256 || d % 8 != 0)
+      return fail("head dims must be multiples of 8 in [8, 256], got " + std::to_string(d));
   const bool half = p.q_dtype == DType::kBF16 || p.q_dtype == DType::kF16;
   if (!half || p.o_dtype != p.q_dtype) return fail("CUDA attention needs q and o both bf16 or both f16");
   if (p.rope_inv_freq) return fail("rope at read time not supported on CUDA yet");
@@ -68,7 +69,16 @@ Status check_prefill(const AttentionParams& p) {
   return {};
 }
 
+// The decode kernel's head dims (one instantiation each, d_v == d_qk).
+bool decode_supports(const AttentionParams& p) {
+  const int dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
+  return dv == p.head_dim && (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256);
+}
+
 Status check_decode(const AttentionParams& p) {
+  if (!decode_supports(p))
+    return fail("the decode kernel (paged, quantized or forced K/V) needs head_dim 64, 128 or 256 and head_dim_v == "
+                "head_dim, got " + std::to_string(p.head_dim) + "/" + std::to_string(p.head_dim_v ? p.head_dim_v : p.head_dim));
   const bool quant = p.kv_dtype == DType::kI8 || p.kv_dtype == DType::kFp8E4M3;
   if (p.kv_dtype != p.q_dtype && !quant) return fail("K/V must be in the query dtype, int8 or fp8");
   if (quant && (!p.k_scale || !p.v_scale)) return fail("quantized K/V need k_scale and v_scale");
@@ -294,7 +304,8 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
 
   // A forced prefill arch (tests, benchmarks) keeps short runs on that kernel.
   const bool needs_decode = p.page_size != 0 || p.kv_dtype != p.q_dtype;
-  const bool short_runs = max_q_len <= 16 && arch == KernelArch::kAuto && options.impl == Impl::kAuto;
+  const bool short_runs =
+      max_q_len <= 16 && arch == KernelArch::kAuto && options.impl == Impl::kAuto && decode_supports(p);
   const bool decode = options.impl == Impl::kDecode || needs_decode || short_runs;
   // Without host lengths (bounds only) the contiguous total is unknown: 0 turns the TMA path off.
   const int64_t known_total_kv = options.host_cu_seqlens_k ? int64_t(options.host_cu_seqlens_k[p.batch])
@@ -332,25 +343,38 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
   k.scale_log2 = k.scale * 1.4426950408889634f;
   k.softcap = p.softcap;
   k.mask = Mask{p.causal, p.window_left, p.window_right, p.num_sinks};
+  k.d_qk = p.head_dim;
+  k.d_v = p.head_dim_v ? p.head_dim_v : p.head_dim;
 
   const bool bf16 = p.q_dtype == DType::kBF16;
   cudaError_t e = cudaSuccess;
   if (arch == KernelArch::kSm90) {
-    const cuda::Sm90Extents ext{max_q_len, total_q, total_kv, p.num_kv_heads};
-    switch (p.head_dim) {
-      case 64: e = cuda::run_fwd_sm90_hd64(k, bf16, ext, stream); break;
-      case 128: e = cuda::run_fwd_sm90_hd128(k, bf16, ext, stream); break;
-      default: e = cuda::run_fwd_sm90_hd256(k, bf16, ext, stream); break;
+    if (options.workspace != nullptr && options.workspace_bytes >= sizeof(int32_t)) {
+      k.tile_counter = static_cast<int32_t*>(options.workspace);
+    } else {
+      static cuda::StreamCounters counters;
+      k.tile_counter = counters.get(stream, e);
+      if (k.tile_counter == nullptr) return cuda_error("allocating the prefill work counter", e);
     }
+    const cuda::Sm90Extents ext{max_q_len, max_kv_len, total_q, total_kv, p.num_kv_heads};
+    // Tile widths: each head dim rounded up to 64, 128, 192 or 256; (192, 128) has its own kernel,
+    // any other unequal pair runs in the wider square one.
+    auto width = [](int d) { return d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : 256; };
+    const int wq = width(k.d_qk), wv = width(k.d_v), w = std::max(wq, wv);
+    if (wq == 192 && wv == 128) e = cuda::run_fwd_sm90_hd192_128(k, bf16, ext, stream);
+    else if (w == 64) e = cuda::run_fwd_sm90_hd64(k, bf16, ext, stream);
+    else if (w == 128) e = cuda::run_fwd_sm90_hd128(k, bf16, ext, stream);
+    else if (w == 192) e = cuda::run_fwd_sm90_hd192(k, bf16, ext, stream);
+    else e = cuda::run_fwd_sm90_hd256(k, bf16, ext, stream);
     // No sm_90a code in this build, or no TMA encoder in the driver: the portable kernel.
     if (e == cudaErrorNotSupported && auto_arch) arch = KernelArch::kSm80;
   }
   if (arch == KernelArch::kSm80) {
-    switch (p.head_dim) {
-      case 64: e = cuda::run_fwd_sm80_hd64(k, bf16, max_q_len, stream); break;
-      case 128: e = cuda::run_fwd_sm80_hd128(k, bf16, max_q_len, stream); break;
-      default: e = cuda::run_fwd_sm80_hd256(k, bf16, max_q_len, stream); break;
-    }
+    // Tile width 64, 128 or 256 for the wider of the two head dims.
+    const int w = std::max(k.d_qk, k.d_v);
+    if (w <= 64) e = cuda::run_fwd_sm80_hd64(k, bf16, max_q_len, stream);
+    else if (w <= 128) e = cuda::run_fwd_sm80_hd128(k, bf16, max_q_len, stream);
+    else e = cuda::run_fwd_sm80_hd256(k, bf16, max_q_len, stream);
   }
   if (e != cudaSuccess) return cuda_error("prefill kernel launch", e);
   return {};

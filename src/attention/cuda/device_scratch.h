@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <mutex>
 
 namespace escala::attn::cuda {
@@ -30,6 +32,27 @@ class DeviceScratch {
   std::mutex mu_;
   void* buf_ = nullptr;
   size_t size_ = 0;
+};
+
+// One device int32 per stream, kept: the prefill kernel's work counter (zeroed on the stream before
+// each launch), so that launches on different streams never share one. The first use on a stream
+// allocates (not capturable: callers that capture pass their own workspace).
+class StreamCounters {
+ public:
+  int32_t* get(cudaStream_t stream, cudaError_t& err) {
+    std::lock_guard<std::mutex> lock(mu_);
+    err = cudaSuccess;
+    int32_t*& c = counters_[stream];
+    if (c == nullptr) {
+      err = cudaMalloc(&c, sizeof(int32_t));
+      if (err != cudaSuccess) c = nullptr;
+    }
+    return c;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<cudaStream_t, int32_t*> counters_;
 };
 
 }  // namespace escala::attn::cuda

@@ -26,7 +26,16 @@ struct FwdParams {
   int32_t batch = 0;
   int32_t num_heads = 0;
   int32_t group = 1;  // num_heads / num_kv_heads
-  int32_t num_m_blocks = 0;  // grid.x: query tiles of the longest sequence
+  int32_t num_m_blocks = 0;  // query tiles of the longest sequence
+  // The real head dims; the kernel's tile width may be larger (columns past d_qk / d_v are read as
+  // zeros and never stored).
+  int32_t d_qk = 0, d_v = 0;
+
+  // sm_90 persistent scheduler: CTAs take work items from `tile_counter` (zeroed before the
+  // launch); items are ordered in sections of `sched_section` (sequence, head) pairs whose K/V fit
+  // in L2 together, longest query tiles first within a section.
+  int32_t* tile_counter = nullptr;
+  int32_t sched_section = 1;
 
   float scale = 1.0f;       // softmax scale
   float scale_log2 = 1.0f;  // scale * log2(e)

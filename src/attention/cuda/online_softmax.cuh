@@ -25,7 +25,15 @@ __device__ __forceinline__ void transform_and_mask(float (&s)[kNT][4], const Fwd
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] = out * accurate_tanh(s[j][e] * in);
   }
-  if (needs_mask) {
+  if (needs_mask && p.mask.window_left < 0 && p.mask.window_right < 0 && p.mask.num_sinks == 0) {
+    // Causal and/or the sequence end only: one bound per row.
+    const RowMask rm[2] = {RowMask(p.mask, row0, kv_len), RowMask(p.mask, row0 + 8, kv_len)};
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (k_lo + j * 8 + 2 * t4 + (e & 1) >= rm[e / 2].end) s[j][e] = -INFINITY;
+  } else if (needs_mask) {
     const RowMask rm[2] = {RowMask(p.mask, row0, kv_len), RowMask(p.mask, row0 + 8, kv_len)};
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
@@ -121,6 +129,7 @@ __device__ __forceinline__ void store_output(const FwdParams& p, float (&o)[kDT]
       T* orow = static_cast<T*>(p.o) + (q0 + rr) * p.o_row_stride + h * p.o_head_stride;
 #pragma unroll
       for (int j = 0; j < kDT; ++j) {
+        if (j * 8 >= p.d_v) break;  // tile columns past the real head dim
         const uint32_t v = M::pack(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
         *reinterpret_cast<uint32_t*>(orow + j * 8 + 2 * t4) = v;
       }

@@ -15,7 +15,8 @@
 
 namespace escala::attn::cuda {
 
-// D: head dim; BM/BN: query/key tile rows; Q stays in registers when kQInRegs (D <= 128).
+// D: tile width (head dims d_qk, d_v <= D; the columns past them are read as zeros); BM/BN:
+// query/key tile rows; Q stays in registers when kQInRegs (D <= 128).
 template <class T_, int D_, int BN_, int MinBlocks_>
 struct Sm80Config {
   using T = T_;
@@ -38,21 +39,25 @@ __device__ __forceinline__ int swz(int r, int c) {
   return r * D + ((((c >> 3) ^ (r & 7))) << 3);
 }
 
-// Copies rows [0, rows) of a [rows][D] tile; rows >= valid_rows are zero-filled. Each thread
-// owns one 16-byte column chunk and steps down the rows (few live registers: one pointer, one row).
+// Copies rows [0, rows) of a [rows][D] tile; rows >= valid_rows and columns >= valid_cols (a head
+// dim below the tile width) are zero-filled. Each thread owns one 16-byte column chunk and steps
+// down the rows (few live registers: one pointer, one row).
 template <int D, int Rows, int Threads, class T>
-__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, int valid_rows, int tid) {
+__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, int valid_rows, int valid_cols,
+                                          int tid) {
   constexpr int kChunks = D / 8;
   static_assert(Threads % kChunks == 0 && (Rows * kChunks) % Threads == 0, "tile/threads mismatch");
   constexpr int kRowStep = Threads / kChunks;
   const int r0 = tid / kChunks, c = (tid % kChunks) * 8;
   const uint32_t base = smem_addr(s);
+  const bool col_ok = c < valid_cols;
   const T* src = g + r0 * row_stride + c;
   const int64_t step = kRowStep * row_stride;
 #pragma unroll
   for (int i = 0; i < Rows / kRowStep; ++i) {
     const int r = r0 + i * kRowStep;
-    cp_async_16(base + static_cast<uint32_t>(swz<D>(r, c) * 2), r < valid_rows ? src : g, r < valid_rows);
+    const bool ok = col_ok && r < valid_rows;
+    cp_async_16(base + static_cast<uint32_t>(swz<D>(r, c) * 2), ok ? src : g, ok);
     src += step;
   }
 }
@@ -116,11 +121,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) fwd_sm80_kerne
   uint32_t q_frag[Cfg::kQInRegs ? D / 16 : 1][4];
 
   if (n_tiles > 0) {
-    load_tile<D, BM, kThreads>(sQ, gQ, p.q_row_stride, q_len - m0, tid);
+    load_tile<D, BM, kThreads>(sQ, gQ, p.q_row_stride, q_len - m0, p.d_qk, tid);
     {
       const int kt = range.at(n_tiles - 1);
       load_tile<D, BN, kThreads>(sK, gK + static_cast<int64_t>(kt) * BN * p.k_row_stride, p.k_row_stride,
-                                 kv_len - kt * BN, tid);
+                                 kv_len - kt * BN, p.d_qk, tid);
     }
     cp_async_commit();
   }
@@ -137,7 +142,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) fwd_sm80_kerne
       }
     }
     load_tile<D, BN, kThreads>(sV, gV + static_cast<int64_t>(k_lo) * p.v_row_stride, p.v_row_stride,
-                               kv_len - k_lo, tid);
+                               kv_len - k_lo, p.d_v, tid);
     cp_async_commit();
 
     // S = Q Kᵀ (16 x BN per warp).
@@ -173,7 +178,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) fwd_sm80_kerne
     if (it + 1 < n_tiles) {
       const int nt = range.at(n_tiles - 2 - it);
       load_tile<D, BN, kThreads>(sK, gK + static_cast<int64_t>(nt) * BN * p.k_row_stride, p.k_row_stride,
-                                 kv_len - nt * BN, tid);
+                                 kv_len - nt * BN, p.d_qk, tid);
       cp_async_commit();
     }
 

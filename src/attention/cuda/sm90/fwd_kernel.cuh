@@ -1,12 +1,12 @@
-// The Hopper (sm_90a) prefill kernel, FlashAttention-3 design (first version): a persistent grid
-// for unmasked shapes (one CTA per SM looping over (sequence, head, 128-query tile) items; one item
-// per CTA under causal/window masks, longest tiles first)
-// of three warpgroups. Warpgroup 0 is the producer: one thread issues TMA loads of Q and of the K/V
+// The Hopper (sm_90a) prefill kernel, FlashAttention-3 design: a persistent grid (one CTA per SM)
+// of three warpgroups that take (sequence, head, 128-query tile) work items from a global counter,
+// longest tiles first. Warpgroup 0 is the producer: one thread fetches the next item, hands it to
+// the consumers through a two-slot ring in shared memory, and issues TMA loads of Q and of the K/V
 // tiles into a kStages-deep shared-memory ring, completed on mbarriers; it gives its registers
 // away with setmaxnreg. Warpgroups 1 and 2 are consumers, 64 query rows each: S = Q Kᵀ with wgmma
 // (both operands in shared memory, 128-byte swizzle), online softmax on the accumulators in
 // registers, O += P V with wgmma (P from registers, V N-major in shared memory), then release the
-// stage; the softmax of tile i overlaps P V of tile i-1, and the epilogue of one item overlaps the
+// stage; the softmax of tile i overlaps P V of tile i-1, the epilogue of one item overlaps the
 // loads of the next, and the two consumers take turns issuing GEMMs (ping-pong, named barriers).
 #pragma once
 
@@ -24,21 +24,33 @@
 
 namespace escala::attn::cuda {
 
-template <class T_, int D_, int BN_, int Stages_>
+// DQK / DV: tile widths of Q·K and of V / O (multiples of 64: the TMA box and swizzle width). A
+// head dim below the width (96 in a 128-wide tile) is read as zero-padded by TMA.
+template <class T_, int DQK_, int DV_, int BN_, int Stages_>
 struct Sm90Config {
   using T = T_;
-  static constexpr int D = D_;
+  static constexpr int DQK = DQK_;
+  static constexpr int DV = DV_;
   static constexpr int BM = 128;  // two consumer warpgroups x 64 rows
   static constexpr int BN = BN_;
   static constexpr int kStages = Stages_;
   static constexpr int kThreads = 384;
-  static constexpr int kChunks = D / 64;  // 128-byte column blocks (the TMA box / swizzle width)
-  static constexpr int kQBytes = BM * D * 2;
-  static constexpr int kTileBytes = BN * D * 2;
-  static constexpr int kBarOffset = kQBytes + 2 * kStages * kTileBytes;
-  static constexpr int kSmemBytes = kBarOffset + 256 + 1024;  // barriers + alignment slack
-  static_assert(8 * (2 + 4 * Stages_) <= 256, "barrier area");
-  static_assert(D % 64 == 0 && BN % 16 == 0, "tile shape");
+  static constexpr int kChunksQK = DQK / 64;  // 128-byte column blocks
+  static constexpr int kChunksV = DV / 64;
+  static constexpr int kQBytes = BM * DQK * 2;
+  static constexpr int kKTileBytes = BN * DQK * 2;
+  static constexpr int kVTileBytes = BN * DV * 2;
+  static constexpr int kBarOffset = kQBytes + kStages * (kKTileBytes + kVTileBytes);
+  static constexpr int kSlotOffset = kBarOffset + 192;  // the two item slots after the barriers
+  static constexpr int kSmemBytes = kBarOffset + 256 + 1024;  // barriers, slots, alignment slack
+  static_assert(8 * (6 + 4 * Stages_) <= 192, "barrier area");
+  static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 16 == 0, "tile shape");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  // setmaxnreg moves registers within what the launch gave the CTA (168 x 384, from the launch
+  // bounds): a consumer's setmaxnreg.inc waits for the producer's registers, so a sum above that
+  // never completes. 24 leaves the producer thread some spills (per item, cheap).
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads, "register budget");
 };
 
 template <class Cfg>
@@ -48,20 +60,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
   using T = typename Cfg::T;
-  constexpr int D = Cfg::D, BM = Cfg::BM, BN = Cfg::BN, S = Cfg::kStages;
-  constexpr int kNT = BN / 8, kDT = D / 8;
+  constexpr int DQK = Cfg::DQK, DV = Cfg::DV, BM = Cfg::BM, BN = Cfg::BN, S = Cfg::kStages;
+  constexpr int kNT = BN / 8, kDT = DV / 8;
+  constexpr int kProducerRegs = Cfg::kProducerRegs, kConsumerRegs = Cfg::kConsumerRegs;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t sQ = base;
-  const uint32_t sK = sQ + Cfg::kQBytes;                 // stage s at sK + s * kTileBytes
-  const uint32_t sV = sK + S * Cfg::kTileBytes;
-  // Barriers: q_full, q_empty, full_k[S], empty_k[S], full_v[S], empty_v[S].
+  const uint32_t sK = sQ + Cfg::kQBytes;  // stage s at sK + s * kKTileBytes
+  const uint32_t sV = sK + S * Cfg::kKTileBytes;
+  // Barriers: q_full, q_empty, full_k[S], empty_k[S], full_v[S], empty_v[S], item_full[2],
+  // item_empty[2]; then the two item slots.
   const uint32_t bars = base + Cfg::kBarOffset;
   const uint32_t q_full = bars, q_empty = bars + 8u;
   auto full_k = [&](int s) { return bars + 8u * (2 + s); };
   auto empty_k = [&](int s) { return bars + 8u * (2 + S + s); };
   auto full_v = [&](int s) { return bars + 8u * (2 + 2 * S + s); };
   auto empty_v = [&](int s) { return bars + 8u * (2 + 3 * S + s); };
+  auto item_full = [&](int s) { return bars + 8u * (2 + 4 * S + s); };
+  auto item_empty = [&](int s) { return bars + 8u * (4 + 4 * S + s); };
+  volatile int32_t* slots = reinterpret_cast<volatile int32_t*>(smem_raw + (base - raw) + Cfg::kSlotOffset);
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -73,16 +91,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(empty_k(s), 256);
       mbar_init(empty_v(s), 256);
     }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(item_full(s), 1);
+      mbar_init(item_empty(s), 256);
+    }
     mbar_init_fence();
   }
   __syncthreads();
 
-  // Tile scheduler: work item w = (sequence, head, query tile from the last), so within each head
-  // the longest causal tiles come first; CTA c takes items c, c + grid, ... (one item per CTA when
-  // the launcher sizes the grid to the item count). Producer and consumers walk the same list and
-  // skip the same empty items, so the ring's stage/phase counters (`kv_iter`, and `q_iter` for the
-  // Q buffer) agree between them.
-  const int num_items = p.num_m_blocks * p.batch * p.num_heads;
+  // Work items. Item w lies in section w / (sec * M) of `sec` consecutive (sequence, head) pairs
+  // (whose K/V fit in L2 together); inside a section the query tiles go from the last (the longest
+  // under a causal mask) to the first, the pairs fastest, so that the dynamic scheduler hands out
+  // the longest items first and the short ones fill the gaps at the end.
+  const int num_bh = p.batch * p.num_heads;
+  const int num_items = p.num_m_blocks * num_bh;
   struct Item {
     int h, q0, q_len, m0, kv0, kv_len;
     int64_t shift, qp_min, qp_max;
@@ -90,11 +112,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     int n_tiles;
   };
   auto decode = [&](int w, Item& it) {
-    // Query tiles of one (sequence, head) are consecutive, so the CTAs running at one time share
-    // a few heads' K/V in L2 (head-fastest order measured 10-25% slower: K/V spilled to HBM).
-    const int m_block = p.num_m_blocks - 1 - w % p.num_m_blocks;
-    it.h = (w / p.num_m_blocks) % p.num_heads;
-    const int b = w / (p.num_m_blocks * p.num_heads);
+    const int per_section = p.sched_section * p.num_m_blocks;
+    const int first_bh = (w / per_section) * p.sched_section;
+    const int nb = min(p.sched_section, num_bh - first_bh);
+    const int r = w - first_bh * p.num_m_blocks;
+    const int m_block = p.num_m_blocks - 1 - r / nb;
+    const int bh = first_bh + r % nb;
+    it.h = bh % p.num_heads;
+    const int b = bh / p.num_heads;
     it.q0 = p.cu_seqlens_q[b];
     it.q_len = p.cu_seqlens_q[b + 1] - it.q0;
     it.m0 = m_block * BM;
@@ -112,17 +137,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int wg = tid / 128;
   if (wg == 0) {
     // Producer.
-    setmaxnreg_dec<24>();
+    setmaxnreg_dec<kProducerRegs>();
     if (tid == 0) {
-      int kv_iter = 0, q_iter = 0;
-      for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+      int kv_iter = 0, q_iter = 0, item_iter = 0;
+      // Hands item w (-1: no more work) to the consumers.
+      auto publish = [&](int w) {
+        const int slot = item_iter & 1;
+        mbar_wait(item_empty(slot), ((item_iter >> 1) & 1) ^ 1);
+        slots[slot] = w;
+        mbar_arrive(item_full(slot));
+        ++item_iter;
+      };
+      int w = blockIdx.x;
+      for (;;) {
         Item it;
-        if (!decode(w, it) || it.n_tiles == 0) continue;
+        while (w < num_items && !decode(w, it)) w = atomicAdd(p.tile_counter, 1) + gridDim.x;
+        if (w >= num_items) break;
+        publish(w);
+        // The next item is claimed once this one's loads are issued: late enough that a CTA does
+        // not hold a claim through a long item while others run dry (the longest-first order
+        // balances only if claims follow completion), early enough that the atomic's latency hides
+        // under the last tiles' compute.
+        if (it.n_tiles == 0) {
+          w = atomicAdd(p.tile_counter, 1) + gridDim.x;
+          continue;
+        }
         const int hk = it.h / p.group;
         mbar_wait(q_empty, (q_iter & 1) ^ 1);
         mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
 #pragma unroll
-        for (int c = 0; c < Cfg::kChunks; ++c)
+        for (int c = 0; c < Cfg::kChunksQK; ++c)
           tma_load_3d(sQ + c * BM * 128, &tm_q, c * 64, it.h, it.q0 + it.m0, q_full);
         ++q_iter;
         for (int i = 0; i < it.n_tiles; ++i, ++kv_iter) {
@@ -130,17 +174,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const uint32_t phase = (kv_iter / S) & 1;
           const int row = it.kv0 + it.range.at(it.n_tiles - 1 - i) * BN;
           mbar_wait(empty_k(s), phase ^ 1);
-          mbar_arrive_expect_tx(full_k(s), Cfg::kTileBytes);
+          mbar_arrive_expect_tx(full_k(s), Cfg::kKTileBytes);
 #pragma unroll
-          for (int c = 0; c < Cfg::kChunks; ++c)
-            tma_load_3d(sK + s * Cfg::kTileBytes + c * BN * 128, &tm_k, c * 64, hk, row, full_k(s));
+          for (int c = 0; c < Cfg::kChunksQK; ++c)
+            tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128, &tm_k, c * 64, hk, row, full_k(s));
           mbar_wait(empty_v(s), phase ^ 1);
-          mbar_arrive_expect_tx(full_v(s), Cfg::kTileBytes);
+          mbar_arrive_expect_tx(full_v(s), Cfg::kVTileBytes);
 #pragma unroll
-          for (int c = 0; c < Cfg::kChunks; ++c)
-            tma_load_3d(sV + s * Cfg::kTileBytes + c * BN * 128, &tm_v, c * 64, hk, row, full_v(s));
+          for (int c = 0; c < Cfg::kChunksV; ++c)
+            tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128, &tm_v, c * 64, hk, row, full_v(s));
         }
+        w = atomicAdd(p.tile_counter, 1) + gridDim.x;
       }
+      publish(-1);
     }
     return;
   }
@@ -148,7 +194,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Consumers. Software pipeline inside each warpgroup: Q Kᵀ of tile i and P V of tile i-1 are
   // issued together, and the softmax of tile i runs while P V of tile i-1 is still on the tensor
   // cores; O is rescaled once that product has landed.
-  setmaxnreg_inc<240>();
+  setmaxnreg_inc<kConsumerRegs>();
   const int cw = wg - 1;  // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the tile
   const int warp = (tid % 128) / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
@@ -165,9 +211,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint64_t dk0 = smem_desc_sw128(sK, 16, 1024);
   const uint64_t dv0 = smem_desc_sw128(sV, BN * 128, 1024);
   auto issue_qk = [&](int s) {
-    const uint64_t dk = dk0 + static_cast<uint64_t>(s * (Cfg::kTileBytes >> 4));
+    const uint64_t dk = dk0 + static_cast<uint64_t>(s * (Cfg::kKTileBytes >> 4));
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < DQK / 16; ++kk) {
       // k16 step kk: 128-byte column block kk / 4, 32 bytes per step inside the swizzled row.
       wgmma_ss(sacc, dq0 + static_cast<uint64_t>(((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4),
                dk + static_cast<uint64_t>(((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4), kk > 0 ? 1 : 0,
@@ -176,7 +222,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma_commit();
   };
   auto issue_pv = [&](int s) {
-    const uint64_t dv = dv0 + static_cast<uint64_t>(s * (Cfg::kTileBytes >> 4));
+    const uint64_t dv = dv0 + static_cast<uint64_t>(s * (Cfg::kVTileBytes >> 4));
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
       wgmma_rs(o_acc, pf[kk], dv + static_cast<uint64_t>((kk * 16 * 128) >> 4), static_cast<const T*>(nullptr));
@@ -202,10 +248,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     else named_bar_arrive<1, 256>();
   };
 
-  int kv_iter = 0, q_iter = 0;
-  for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+  int kv_iter = 0, q_iter = 0, item_iter = 0;
+  for (;;) {
+    const int slot = item_iter & 1;
+    mbar_wait(item_full(slot), (item_iter >> 1) & 1);
+    const int w = slots[slot];
+    mbar_arrive(item_empty(slot));
+    ++item_iter;
+    if (w < 0) break;
     Item it;
-    if (!decode(w, it)) continue;
+    decode(w, it);
     const int n_tiles = it.n_tiles;
     const int64_t qpos0 = it.m0 + row_in_tile + it.shift;
 #pragma unroll

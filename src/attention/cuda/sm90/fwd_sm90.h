@@ -13,6 +13,7 @@ namespace escala::attn::cuda {
 
 struct Sm90Extents {
   int max_q_len = 0;
+  int max_kv_len = 0;
   int64_t total_q = 0;
   int64_t total_kv = 0;
   int num_kv_heads = 0;
@@ -23,8 +24,12 @@ struct Sm90Extents {
 cudaError_t make_tensor_map(CUtensorMap* map, const void* base, bool bf16, int d, int heads, int64_t rows,
                             int64_t head_stride, int64_t row_stride, int box_rows);
 
+// Tile widths (d_qk, d_v) with a kernel: (64, 64), (128, 128), (192, 192), (256, 256), (192, 128).
+// p.tile_counter must point at a device int32 no other launch uses concurrently.
 cudaError_t run_fwd_sm90_hd64(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream);
 cudaError_t run_fwd_sm90_hd128(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream);
+cudaError_t run_fwd_sm90_hd192(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream);
 cudaError_t run_fwd_sm90_hd256(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream);
+cudaError_t run_fwd_sm90_hd192_128(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream);
 
 }  // namespace escala::attn::cuda

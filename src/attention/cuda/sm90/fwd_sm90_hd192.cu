@@ -1,0 +1,10 @@
+// sm_90a prefill kernel instantiations for head dim 192 (bf16 and fp16): 112-key tiles, so that
+// Q and two stages of K and V fit in shared memory (217 KB).
+#include "attention/cuda/sm90/fwd_launch.cuh"
+
+namespace escala::attn::cuda {
+cudaError_t run_fwd_sm90_hd192(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
+  return bf16 ? launch_fwd_sm90<Sm90Config<__nv_bfloat16, 192, 192, 112, 2>>(p, bf16, e, stream)
+              : launch_fwd_sm90<Sm90Config<__half, 192, 192, 112, 2>>(p, bf16, e, stream);
+}
+}  // namespace escala::attn::cuda
