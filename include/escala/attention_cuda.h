@@ -7,11 +7,14 @@
 
 namespace escala::attn {
 
-// Kernel choice (kAuto): the split-KV decode kernel for paged or quantized K/V and for query runs
-// of at most 16 tokens, the prefill kernel otherwise.
+// Kernel choice (kAuto): the split-KV decode kernel for quantized K/V and for query runs of at most
+// 16 tokens, the prefill kernel otherwise (paged K/V too on Hopper when the pages are 16 x n rows
+// stacked in the pool; elsewhere paged K/V go to the decode kernel).
 struct CudaOptions {
   Impl impl = Impl::kAuto;
-  int num_splits = 0;  // decode: 0 = heuristic (decode_num_splits)
+  // Key splits (Flash-Decoding) of the decode kernel and of the sm_90 prefill kernel (whose
+  // heuristic splits only when its query tiles fill less than one wave): 0 = heuristic.
+  int num_splits = 0;
   // Host copies of cu_seqlens (optional): lets the launcher size the grid without a device read.
   const int32_t* host_cu_seqlens_q = nullptr;
   const int32_t* host_cu_seqlens_k = nullptr;
@@ -20,9 +23,11 @@ struct CudaOptions {
   // CUDA graph and replayed with new lengths in device memory (set num_splits and workspace too).
   int max_q_len = 0;
   int max_kv_len = 0;
-  // Scratch for the split partials (decode_workspace_bytes), or for the prefill kernel's work
-  // counter (its first 4 bytes). Null: a buffer cached by the library (per stream for the
-  // prefill counter), allocated with cudaMalloc on first use or when too small (not capturable).
+  // Scratch for the decode kernel's split partials (decode_workspace_bytes), or for the sm_90
+  // prefill kernel: its work counter in the first 256 bytes, then the split partials (with
+  // num_splits > 1: batch x max_q_len x heads x splits x (head_dim_v + 1) floats). Null: buffers
+  // cached by the library (the counter per stream), allocated with cudaMalloc on first use or
+  // when too small (not capturable).
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

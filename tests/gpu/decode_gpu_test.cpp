@@ -121,7 +121,10 @@ KvData store_kv(const std::vector<float>& kf, const std::vector<float>& vf, cons
     num_slots = num_pages * page_size;
     out.page_stride = int64_t(page_size) * row;
   }
-  out.k.assign(num_slots * row * eb, 0), out.v.assign(num_slots * row * eb, 0);
+  // Unused slots (past each sequence's end, spare pages) hold 0xff bytes, NaN in the 16-bit and fp8
+  // formats: a kernel that lets them into a result fails.
+  const uint8_t fill = page_size > 0 ? 0xff : 0;
+  out.k.assign(num_slots * row * eb, fill), out.v.assign(num_slots * row * eb, fill);
   if (fmt == DType::kI8) out.ks.assign(num_slots * hk, 1.0f), out.vs.assign(num_slots * hk, 1.0f);
   if (fmt == DType::kFp8E4M3) {
     const int64_t num_pages = num_slots / page_size;
@@ -258,7 +261,9 @@ void to_device(const DecCase& c, const Problem& pr, KvData& kv, DeviceProblem& d
   dp.g.sink_logits = c.sink_logits ? dp.dsink.get<float>() : nullptr;
 }
 
-void check_case(const DecCase& c) {
+// `impl`: kDecode forces the decode kernel; kAuto lets runs of more than 16 queries over paged
+// 16-bit K/V go to the sm_90 prefill kernel on Hopper.
+void check_case(const DecCase& c, attn::Impl impl = attn::Impl::kDecode) {
   SCOPED_TRACE(c.describe());
   const Problem pr = make_problem(c);
   KvData kv = store_kv(pr.kf, pr.vf, c.kv_lens, c.hk, c.d, c.kv, c.page_size, c.seed + 11);
@@ -267,7 +272,7 @@ void check_case(const DecCase& c) {
   DeviceProblem dp;
   to_device(c, pr, kv, dp);
   attn::CudaOptions opt;
-  opt.impl = attn::Impl::kDecode;
+  opt.impl = impl;
   opt.num_splits = c.splits;
   opt.host_cu_seqlens_q = pr.cu_q.data(), opt.host_cu_seqlens_k = pr.cu_k.data();
   const RunResult a = run_gpu(dp.g, pr.tq, dp.d_o, dp.d_lse, opt);
@@ -444,7 +449,11 @@ TEST(DecodeCuda, CascadeSharedPrefixEqualsFullSequences) {
     for (bool sink_logits : {false, true}) {
       SCOPED_TRACE(std::string(dtype_name(kvt)) + (sink_logits ? " sink logits" : ""));
       const int P = 16 * 40, page = 16;
-      const std::vector<int> own = {1, 17, 100, 3, 33}, q_lens = {1, 1, 2, 1, 3};
+      const std::vector<int> own = {1, 17, 100, 3, 33};
+      // 8 queries in all (the prefix pass on the decode kernel), or 25 (bf16: the prefill kernel on
+      // Hopper). A sequence has at least as many own tokens as queries: its queries follow the prefix.
+      const std::vector<int> q_lens = kvt == DType::kBF16 && sink_logits ? std::vector<int>{1, 9, 7, 1, 7}
+                                                                         : std::vector<int>{1, 1, 2, 1, 3};
       const int B = int(own.size());
       // One store holds the prefix as "sequence 0" and each suffix as sequence b + 1.
       DecCase c;
@@ -508,6 +517,29 @@ TEST(DecodeCuda, CascadeSharedPrefixEqualsFullSequences) {
     }
 }
 
+// Prefill and chunked prefill over paged K/V (the sm_90 kernel's TMA boxes per page on Hopper):
+// page sizes below, equal to and above its key tile, split-KV forced and by heuristic, GQA, masks.
+TEST(DecodeCuda, PagedPrefill) {
+  uint64_t seed = 1000;
+  for (int d : {64, 128, 256})
+    for (int page : {16, 64, 256})
+      for (int splits : {0, 3}) {
+        DecCase c;
+        c.d = d, c.page_size = page, c.splits = splits, c.seed = seed++;
+        c.h = 8, c.hk = 2, c.dt = d == 128 ? DType::kF16 : DType::kBF16, c.kv = c.dt;
+        c.q_lens = {129, 17, 300}, c.kv_lens = {129, 1000, 700};
+        c.causal = (seed % 2) == 0;
+        check_case(c, attn::Impl::kAuto);
+      }
+  DecCase c;  // every option at once, SmolLM2's 9/3 heads, one long sequence split by the heuristic
+  c.d = 64, c.h = 9, c.hk = 3, c.page_size = 16, c.seed = 1100;
+  c.q_lens = {40}, c.kv_lens = {5000};
+  c.wl = 1000, c.sinks = 4, c.sink_logits = true, c.softcap = 30.0f;
+  check_case(c, attn::Impl::kAuto);
+  c.wl = -1, c.sinks = 0, c.softcap = 0.0f, c.causal = false;
+  check_case(c, attn::Impl::kAuto);
+}
+
 TEST(DecodeCuda, UnsupportedInputsAreErrors) {
   DecCase c;
   c.q_lens = {1}, c.kv_lens = {10};
@@ -544,6 +576,10 @@ TEST(DecodeCudaSmall, AllPaths) {
     c.q_lens = {1, 9}, c.kv_lens = {33, 70};  // 27 rows: the wide form
     check_case(c);
   }
+  DecCase c;  // the sm_90 prefill kernel over pages, with splits
+  c.page_size = 16, c.splits = 2, c.seed = seed++, c.d = 64, c.h = 4, c.hk = 2;
+  c.q_lens = {20, 3}, c.kv_lens = {70, 40};
+  check_case(c, attn::Impl::kAuto);
 }
 
 }  // namespace

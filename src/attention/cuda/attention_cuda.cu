@@ -60,19 +60,32 @@ Status check_common(const AttentionParams& p) {
   return {};
 }
 
-Status check_prefill(const AttentionParams& p) {
-  if (p.kv_dtype != p.q_dtype) return fail("the CUDA prefill kernel needs K/V in the query dtype");
-  if (p.page_size != 0) return fail("the CUDA prefill kernel reads contiguous K/V only (use the decode kernel)");
-  const int64_t strides[] = {p.k_row_stride, p.k_head_stride, p.v_row_stride, p.v_head_stride};
-  for (int64_t s : strides)
-    if (s <= 0 || s % 8 != 0) return fail("strides must be positive multiples of 8 elements");
-  return {};
-}
-
 // The decode kernel's head dims (one instantiation each, d_v == d_qk).
 bool decode_supports(const AttentionParams& p) {
   const int dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
   return dv == p.head_dim && (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256);
+}
+
+int tile_width(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : 256; }
+
+// Whether the sm_90 prefill kernel can read these paged K/V: pages stacked row after row in the
+// pool, read as TMA boxes of min(page_size, key tile) rows (a multiple of 16 that divides both).
+int sm90_paged_box_rows(const AttentionParams& p) {
+  if (p.page_size <= 0 || p.kv_dtype != p.q_dtype || !p.page_indptr || !p.page_indices) return 0;
+  if (!decode_supports(p)) return 0;  // the paged variant exists for head dims 64, 128, 256
+  if (p.k_page_stride != p.page_size * p.k_row_stride || p.v_page_stride != p.page_size * p.v_row_stride) return 0;
+  const int dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
+  const int bn = cuda::sm90_block_n(tile_width(p.head_dim), tile_width(dv));
+  const int box = std::min(p.page_size, bn);
+  return box % 16 == 0 && bn % box == 0 && p.page_size % box == 0 ? box : 0;
+}
+
+Status check_prefill(const AttentionParams& p) {
+  if (p.kv_dtype != p.q_dtype) return fail("the CUDA prefill kernel needs K/V in the query dtype");
+  const int64_t strides[] = {p.k_row_stride, p.k_head_stride, p.v_row_stride, p.v_head_stride};
+  for (int64_t s : strides)
+    if (s <= 0 || s % 8 != 0) return fail("strides must be positive multiples of 8 elements");
+  return {};
 }
 
 Status check_decode(const AttentionParams& p) {
@@ -152,6 +165,35 @@ bool kv_maps(const AttentionParams& p, int64_t rows, cuda::KvMaps& out) {
   }
   out = it->second;
   return true;
+}
+
+// Split-KV for the sm_90 prefill kernel: only when its items fill less than one wave (few long
+// query tiles: chunked prefill, the cascade's prefix pass) and the merge has a kernel for d_v. The
+// count minimises the makespan in key tiles (waves x tiles per split), the fewest on a tie.
+int prefill_num_splits(const AttentionParams& p, const CudaOptions& options, int max_q_len, int max_kv_len,
+                       int block_n) {
+  const int dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
+  // The split variant: square tile widths other than 192, and a merge kernel for d_v.
+  const int wq = tile_width(p.head_dim), wv = tile_width(dv);
+  if ((dv != 64 && dv != 128 && dv != 256) || wq != wv || wq == 192) return 1;
+  if (options.num_splits > 0) return std::min(options.num_splits, 1024);
+  const int64_t items = int64_t((max_q_len + 127) / 128) * p.batch * p.num_heads;
+  const int64_t tiles = (int64_t(max_kv_len) + block_n - 1) / block_n;
+  const int64_t sms = sm_count();
+  if (items >= sms || tiles < 8) return 1;
+  int64_t best = 1, best_cost = tiles;  // one split: one wave of `tiles`
+  for (int64_t s = 2; s <= std::min<int64_t>(64, tiles / 4); ++s) {
+    const int64_t cost = (items * s + sms - 1) / sms * ((tiles + s - 1) / s);
+    if (cost < best_cost) best = s, best_cost = cost;
+  }
+  return static_cast<int>(best);
+}
+
+size_t prefill_partial_bytes(const AttentionParams& p, int max_q_len, int num_splits) {
+  if (num_splits <= 1) return 0;
+  const int dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
+  const size_t parts = size_t(p.batch) * max_q_len * p.num_heads * num_splits;
+  return parts * (size_t(dv) + 1) * sizeof(float);
 }
 
 Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_q_len, int max_kv_len,
@@ -302,8 +344,11 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
   }
   if (max_q_len <= 0) return {};
 
-  // A forced prefill arch (tests, benchmarks) keeps short runs on that kernel.
-  const bool needs_decode = p.page_size != 0 || p.kv_dtype != p.q_dtype;
+  // A forced prefill arch (tests, benchmarks) keeps short runs on that kernel. Paged K/V go to the
+  // sm_90 prefill kernel where it can read them (Hopper, pages of 16 x n rows), else to decode.
+  const bool paged_prefill = p.page_size > 0 && is_hopper() && arch != KernelArch::kSm80 &&
+                             sm90_paged_box_rows(p) > 0 && (!bounds_given || options.host_cu_seqlens_k != nullptr);
+  const bool needs_decode = (p.page_size != 0 && !paged_prefill) || p.kv_dtype != p.q_dtype;
   const bool short_runs =
       max_q_len <= 16 && arch == KernelArch::kAuto && options.impl == Impl::kAuto && decode_supports(p);
   const bool decode = options.impl == Impl::kDecode || needs_decode || short_runs;
@@ -345,29 +390,64 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
   k.mask = Mask{p.causal, p.window_left, p.window_right, p.num_sinks};
   k.d_qk = p.head_dim;
   k.d_v = p.head_dim_v ? p.head_dim_v : p.head_dim;
+  if (p.page_size > 0) {
+    if (arch != KernelArch::kSm90 || sm90_paged_box_rows(p) == 0)
+      return fail("paged K/V in the prefill kernel need the sm_90 kernel and pages of 16 x n stacked rows");
+    k.page_size = p.page_size, k.kv_box_rows = sm90_paged_box_rows(p);
+    k.page_indptr = p.page_indptr, k.page_indices = p.page_indices;
+  }
 
   const bool bf16 = p.q_dtype == DType::kBF16;
   cudaError_t e = cudaSuccess;
   if (arch == KernelArch::kSm90) {
-    if (options.workspace != nullptr && options.workspace_bytes >= sizeof(int32_t)) {
-      k.tile_counter = static_cast<int32_t*>(options.workspace);
+    // Tile widths: each head dim rounded up to 64, 128, 192 or 256; (192, 128) has its own kernel,
+    // any other unequal pair runs in the wider square one.
+    const int wq = tile_width(k.d_qk), wv = tile_width(k.d_v), w = std::max(wq, wv);
+    k.max_q_len = max_q_len;
+    k.num_splits = prefill_num_splits(p, options, max_q_len, max_kv_len, cuda::sm90_block_n(wq, wv));
+    // Workspace: the work counter, then the split partials.
+    const size_t part_bytes = prefill_partial_bytes(p, max_q_len, k.num_splits);
+    uint8_t* ws = nullptr;
+    if (options.workspace != nullptr) {
+      if (options.workspace_bytes < 256 + part_bytes)
+        return fail("workspace too small: " + std::to_string(options.workspace_bytes) + " < " +
+                    std::to_string(256 + part_bytes) + " bytes");
+      ws = static_cast<uint8_t*>(options.workspace);
+      k.tile_counter = reinterpret_cast<int32_t*>(ws);
     } else {
       static cuda::StreamCounters counters;
       k.tile_counter = counters.get(stream, e);
       if (k.tile_counter == nullptr) return cuda_error("allocating the prefill work counter", e);
+      if (part_bytes > 0) {
+        static cuda::DeviceScratch scratch;
+        ws = static_cast<uint8_t*>(scratch.get(256 + part_bytes, e));
+        if (ws == nullptr) return cuda_error("allocating the split workspace", e);
+      }
+    }
+    if (k.num_splits > 1) {
+      const size_t parts = size_t(p.batch) * max_q_len * p.num_heads * k.num_splits;
+      k.part_o = reinterpret_cast<float*>(ws + 256);
+      k.part_lse = k.part_o + parts * k.d_v;
     }
     const cuda::Sm90Extents ext{max_q_len, max_kv_len, total_q, total_kv, p.num_kv_heads};
-    // Tile widths: each head dim rounded up to 64, 128, 192 or 256; (192, 128) has its own kernel,
-    // any other unequal pair runs in the wider square one.
-    auto width = [](int d) { return d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : 256; };
-    const int wq = width(k.d_qk), wv = width(k.d_v), w = std::max(wq, wv);
     if (wq == 192 && wv == 128) e = cuda::run_fwd_sm90_hd192_128(k, bf16, ext, stream);
     else if (w == 64) e = cuda::run_fwd_sm90_hd64(k, bf16, ext, stream);
     else if (w == 128) e = cuda::run_fwd_sm90_hd128(k, bf16, ext, stream);
     else if (w == 192) e = cuda::run_fwd_sm90_hd192(k, bf16, ext, stream);
     else e = cuda::run_fwd_sm90_hd256(k, bf16, ext, stream);
+    if (e == cudaSuccess && k.num_splits > 1) {
+      // The decode path's merge kernel joins the splits (and the sink logit) into O and LSE.
+      cuda::DecodeParams m;
+      m.o = p.o, m.lse = p.lse, m.sink_logits = p.sink_logits;
+      m.o_row_stride = p.o_row_stride, m.o_head_stride = p.o_head_stride;
+      m.cu_seqlens_q = p.cu_seqlens_q, m.batch = p.batch, m.num_heads = p.num_heads;
+      m.num_splits = k.num_splits, m.max_q_len = max_q_len, m.part_o = k.part_o, m.part_lse = k.part_lse;
+      m.dependent_merge = 1;
+      e = k.d_v == 64 ? cuda::run_merge_hd64(m, bf16, stream)
+                      : (k.d_v == 128 ? cuda::run_merge_hd128(m, bf16, stream) : cuda::run_merge_hd256(m, bf16, stream));
+    }
     // No sm_90a code in this build, or no TMA encoder in the driver: the portable kernel.
-    if (e == cudaErrorNotSupported && auto_arch) arch = KernelArch::kSm80;
+    if (e == cudaErrorNotSupported && auto_arch && p.page_size == 0) arch = KernelArch::kSm80;
   }
   if (arch == KernelArch::kSm80) {
     // Tile width 64, 128 or 256 for the wider of the two head dims.

@@ -1,6 +1,8 @@
-// Cascade (shared-prefix) attention: one decode-kernel call over the shared prefix with every
-// sequence's queries as the rows of one sequence, one over each sequence's own tokens, and a merge
-// of the two partial results by LSE (with the learned sink logit joining once, at the merge).
+// Cascade (shared-prefix) attention: one call over the shared prefix with every sequence's queries
+// as the rows of one sequence (on Hopper the sm_90 prefill kernel, reading the prefix's pages by
+// TMA and splitting its keys across the SMs; elsewhere the decode kernel), one over each
+// sequence's own tokens, and a merge of the two partial results by LSE (with the learned sink
+// logit joining once, at the merge).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -99,8 +101,7 @@ Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& pre
   pre.causal = false, pre.sink_logits = nullptr;
   pre.o = o_pre, pre.lse = l_pre;
   pre.o_row_stride = int64_t(p.num_heads) * d, pre.o_head_stride = d;
-  CudaOptions po;
-  po.impl = Impl::kDecode;
+  CudaOptions po;  // kAuto: the prefill kernel where it reads these pages, the decode kernel otherwise
   po.host_cu_seqlens_q = host_idx, po.host_cu_seqlens_k = host_idx + 2;
   if (prefix.kv_len > 0) {
     ESCALA_RETURN_IF_ERROR(attention_cuda(pre, stream, po));

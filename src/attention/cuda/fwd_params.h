@@ -37,6 +37,23 @@ struct FwdParams {
   int32_t* tile_counter = nullptr;
   int32_t sched_section = 1;
 
+  // Paged K/V (sm_90 kernel, page_size > 0): sequence b's keys are the pages
+  // page_indices[page_indptr[b] ..] of page_size rows each, stacked row after row in K and V (the
+  // tensor maps span the pool as rows); each K/V tile is read as boxes of kv_box_rows rows.
+  int32_t page_size = 0;
+  int32_t kv_box_rows = 0;
+  const int32_t* page_indptr = nullptr;
+  const int32_t* page_indices = nullptr;
+
+  // Split-KV (sm_90 kernel, num_splits > 1): split s of a query tile takes its s-th share of the
+  // visited key tiles and writes O normalised over that share (f32) and its LSE (natural log, no
+  // sink logit) to part_o [batch, max_q_len, heads, splits, d_v] / part_lse [.., splits]; the
+  // decode path's merge kernel then combines them.
+  int32_t num_splits = 1;
+  int32_t max_q_len = 0;
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+
   float scale = 1.0f;       // softmax scale
   float scale_log2 = 1.0f;  // scale * log2(e)
   float softcap = 0.0f;     // 0 = off

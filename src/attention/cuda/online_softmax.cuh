@@ -140,4 +140,34 @@ __device__ __forceinline__ void store_output(const FwdParams& p, float (&o)[kDT]
   }
 }
 
+// Split-KV epilogue: this split's O normalised over its own keys (f32) and its LSE (natural log,
+// no sink logit: the merge joins it once) into the partial buffers (FwdParams::part_o/part_lse).
+template <int kDT>
+__device__ __forceinline__ void store_partial(const FwdParams& p, float (&o)[kDT][4], const float (&row_max)[2],
+                                              const float (&row_sum)[2], int b, int q_len, int row, int h, int split,
+                                              int t4) {
+  constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int rr = row + r * 8;
+    if (rr < q_len) {
+      const int64_t part = ((static_cast<int64_t>(b) * p.max_q_len + rr) * p.num_heads + h) * p.num_splits + split;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float* dst = p.part_o + part * p.d_v;
+#pragma unroll
+      for (int j = 0; j < kDT; ++j) {
+        if (j * 8 >= p.d_v) break;
+        *reinterpret_cast<float2*>(dst + j * 8 + 2 * t4) = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+      }
+      if (t4 == 0) {
+        const float m2 = row_max[r] * p.scale_log2;
+        p.part_lse[part] = l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
+      }
+    }
+  }
+}
+
 }  // namespace escala::attn::cuda

@@ -19,6 +19,12 @@ cudaError_t run_decode_hd64(const DecodeParams& p, const KvMaps& maps, bool bf16
 cudaError_t run_decode_hd128(const DecodeParams& p, const KvMaps& maps, bool bf16, KvFormat f, cudaStream_t stream);
 cudaError_t run_decode_hd256(const DecodeParams& p, const KvMaps& maps, bool bf16, KvFormat f, cudaStream_t stream);
 
+// The merge kernel alone over p.part_o / p.part_lse (p.num_splits partials of head dim D = d_v):
+// for the sm_90 prefill kernel's split-KV mode.
+cudaError_t run_merge_hd64(const DecodeParams& p, bool bf16, cudaStream_t stream);
+cudaError_t run_merge_hd128(const DecodeParams& p, bool bf16, cudaStream_t stream);
+cudaError_t run_merge_hd256(const DecodeParams& p, bool bf16, cudaStream_t stream);
+
 // A 3-D map {d, kv head, row} over K or V with boxes of 128 bytes x 1 x box_rows, 128-byte swizzle
 // (sm90/tensor_map.cu). cudaErrorNotSupported without the driver's encoder.
 cudaError_t make_kv_box_map(CUtensorMap* map, const void* base, int elem_bytes, int d, int heads, int64_t rows,

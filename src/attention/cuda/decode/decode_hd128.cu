@@ -7,6 +7,10 @@ cudaError_t run_decode_hd128(const DecodeParams& p, const KvMaps& maps, bool bf1
   return run_decode<128>(p, maps, bf16, f, stream);
 }
 
+cudaError_t run_merge_hd128(const DecodeParams& p, bool bf16, cudaStream_t stream) {
+  return run_merge<128>(p, bf16, stream);
+}
+
 int decode_ctas_per_sm_hd128(KvFormat f, bool wide) {
   return wide ? decode_ctas<128, true>(f) : decode_ctas<128, false>(f);
 }

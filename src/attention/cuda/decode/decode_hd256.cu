@@ -7,6 +7,10 @@ cudaError_t run_decode_hd256(const DecodeParams& p, const KvMaps& maps, bool bf1
   return run_decode<256>(p, maps, bf16, f, stream);
 }
 
+cudaError_t run_merge_hd256(const DecodeParams& p, bool bf16, cudaStream_t stream) {
+  return run_merge<256>(p, bf16, stream);
+}
+
 int decode_ctas_per_sm_hd256(KvFormat f, bool wide) {
   return wide ? decode_ctas<256, true>(f) : decode_ctas<256, false>(f);
 }

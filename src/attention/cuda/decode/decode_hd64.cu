@@ -7,6 +7,10 @@ cudaError_t run_decode_hd64(const DecodeParams& p, const KvMaps& maps, bool bf16
   return run_decode<64>(p, maps, bf16, f, stream);
 }
 
+cudaError_t run_merge_hd64(const DecodeParams& p, bool bf16, cudaStream_t stream) {
+  return run_merge<64>(p, bf16, stream);
+}
+
 int decode_ctas_per_sm_hd64(KvFormat f, bool wide) {
   return wide ? decode_ctas<64, true>(f) : decode_ctas<64, false>(f);
 }

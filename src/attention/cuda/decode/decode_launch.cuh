@@ -8,18 +8,10 @@
 
 namespace escala::attn::cuda {
 
-template <int D, class T, KvFormat F, bool kWide>
-cudaError_t launch_decode(const DecodeParams& p, const KvMaps& maps, cudaStream_t stream) {
-  using Cfg = DecodeCfg<D, T, F, kWide>;
-  auto kernel = decode_kernel<D, T, F, kWide>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (attr != cudaSuccess) return attr;
-  const dim3 grid(static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.num_kv_heads * p.row_tiles),
-                  static_cast<unsigned>(p.batch));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps.k, maps.v);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess || p.num_splits == 1) return e;
+// The merge of num_splits partial results by LSE (decode_merge_kernel); also the sm_90 prefill
+// kernel's split-KV mode uses it.
+template <int D, class T>
+cudaError_t launch_merge(const DecodeParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.batch) * p.max_q_len * p.num_heads;
   // On Hopper the merge kernel is a programmatic dependent launch: its launch overlaps the decode
   // grid instead of following it (it waits on griddepcontrol.wait for the partial results).
@@ -32,6 +24,21 @@ cudaError_t launch_decode(const DecodeParams& p, const KvMaps& maps, cudaStream_
   attr_pdl[0].val.programmaticStreamSerializationAllowed = 1;
   if (p.dependent_merge) cfg.attrs = attr_pdl, cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, decode_merge_kernel<D, T>, p);
+}
+
+template <int D, class T, KvFormat F, bool kWide>
+cudaError_t launch_decode(const DecodeParams& p, const KvMaps& maps, cudaStream_t stream) {
+  using Cfg = DecodeCfg<D, T, F, kWide>;
+  auto kernel = decode_kernel<D, T, F, kWide>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.num_kv_heads * p.row_tiles),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps.k, maps.v);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || p.num_splits == 1) return e;
+  return launch_merge<D, T>(p, stream);
 }
 
 template <int D, class T, KvFormat F>
@@ -52,6 +59,11 @@ int ctas_per_sm() {
     return blocks > 0 ? blocks : 1;
   }();
   return n;
+}
+
+template <int D>
+cudaError_t run_merge(const DecodeParams& p, bool bf16, cudaStream_t stream) {
+  return bf16 ? launch_merge<D, __nv_bfloat16>(p, stream) : launch_merge<D, __half>(p, stream);
 }
 
 template <int D>

@@ -53,7 +53,10 @@ struct Sm90Config {
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads, "register budget");
 };
 
-template <class Cfg>
+// kSplitPaged: the variant for paged K/V and split-KV (the plain variant has neither, so their
+// code and registers stay out of the dense prefill path; measured: one kernel for both cost
+// 3-25% on the dense shapes).
+template <class Cfg, bool kSplitPaged>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q,
                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -103,15 +106,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // (whose K/V fit in L2 together); inside a section the query tiles go from the last (the longest
   // under a causal mask) to the first, the pairs fastest, so that the dynamic scheduler hands out
   // the longest items first and the short ones fill the gaps at the end.
+  // With split-KV, item w is split w % num_splits of tile w / num_splits.
   const int num_bh = p.batch * p.num_heads;
-  const int num_items = p.num_m_blocks * num_bh;
+  const int splits = kSplitPaged ? p.num_splits : 1;
+  const int num_items = p.num_m_blocks * num_bh * splits;
   struct Item {
-    int h, q0, q_len, m0, kv0, kv_len;
+    int h, b, split, q0, q_len, m0, kv0, kv_len;
     int64_t shift, qp_min, qp_max;
     TileRange range;
+    int lo, hi;  // this split's share [lo, hi) of the visited tiles range.at(0 .. count)
     int n_tiles;
   };
   auto decode = [&](int w, Item& it) {
+    it.split = kSplitPaged ? w % splits : 0;
+    if constexpr (kSplitPaged) w /= splits;
     const int per_section = p.sched_section * p.num_m_blocks;
     const int first_bh = (w / per_section) * p.sched_section;
     const int nb = min(p.sched_section, num_bh - first_bh);
@@ -120,6 +128,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int bh = first_bh + r % nb;
     it.h = bh % p.num_heads;
     const int b = bh / p.num_heads;
+    it.b = b;
     it.q0 = p.cu_seqlens_q[b];
     it.q_len = p.cu_seqlens_q[b + 1] - it.q0;
     it.m0 = m_block * BM;
@@ -130,9 +139,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     it.qp_min = it.m0 + it.shift;
     it.qp_max = (it.m0 + BM < it.q_len ? it.m0 + BM : it.q_len) - 1 + it.shift;
     it.range = tile_range(p.mask, it.qp_min, it.qp_max, it.kv_len, BN);
-    it.n_tiles = it.range.count();
+    const int visited = it.range.count();
+    it.lo = kSplitPaged ? static_cast<int>(static_cast<int64_t>(visited) * it.split / splits) : 0;
+    it.hi = kSplitPaged ? static_cast<int>(static_cast<int64_t>(visited) * (it.split + 1) / splits) : visited;
+    it.n_tiles = it.hi - it.lo;
     return true;
   };
+  // The i-th tile an item visits: its share from the last tile down (the last one carries the
+  // causal / sequence-end boundary, so the running max starts from real scores).
+  auto tile_of = [](const Item& it, int i) { return it.range.at(it.hi - 1 - i); };
 
   const int wg = tid / 128;
   if (wg == 0) {
@@ -172,17 +187,56 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int i = 0; i < it.n_tiles; ++i, ++kv_iter) {
           const int s = kv_iter % S;
           const uint32_t phase = (kv_iter / S) & 1;
-          const int row = it.kv0 + it.range.at(it.n_tiles - 1 - i) * BN;
-          mbar_wait(empty_k(s), phase ^ 1);
-          mbar_arrive_expect_tx(full_k(s), Cfg::kKTileBytes);
+          const int k_lo = tile_of(it, i) * BN;
+          if (!kSplitPaged || p.page_size == 0) {
+            const int row = it.kv0 + k_lo;
+            mbar_wait(empty_k(s), phase ^ 1);
+            mbar_arrive_expect_tx(full_k(s), Cfg::kKTileBytes);
 #pragma unroll
-          for (int c = 0; c < Cfg::kChunksQK; ++c)
-            tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128, &tm_k, c * 64, hk, row, full_k(s));
-          mbar_wait(empty_v(s), phase ^ 1);
-          mbar_arrive_expect_tx(full_v(s), Cfg::kVTileBytes);
+            for (int c = 0; c < Cfg::kChunksQK; ++c)
+              tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128, &tm_k, c * 64, hk, row, full_k(s));
+            mbar_wait(empty_v(s), phase ^ 1);
+            mbar_arrive_expect_tx(full_v(s), Cfg::kVTileBytes);
 #pragma unroll
-          for (int c = 0; c < Cfg::kChunksV; ++c)
-            tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128, &tm_v, c * 64, hk, row, full_v(s));
+            for (int c = 0; c < Cfg::kChunksV; ++c)
+              tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128, &tm_v, c * 64, hk, row, full_v(s));
+          } else {
+            // Paged: one box per kv_box_rows rows, from the page that holds them (boxes past the
+            // last page re-read it: masked keys, and V rows the consumers zero). (Copying the next
+            // tile's page numbers to shared memory ahead with cp.async measured slower: cascade
+            // 0.335 -> 0.375 ms.)
+            constexpr int kMaxBoxes = BN / 16;
+            const int boxes = BN / p.kv_box_rows;
+            const int last_page = (it.kv_len - 1) / p.page_size;
+            const int32_t* pages = p.page_indices + p.page_indptr[it.b];
+            int rows[kMaxBoxes];
+#pragma unroll
+            for (int j = 0; j < kMaxBoxes; ++j) {
+              if (j < boxes) {
+                const int kr = k_lo + j * p.kv_box_rows;
+                const int lp = min(kr / p.page_size, last_page);
+                rows[j] = pages[lp] * p.page_size + kr % p.page_size;
+              }
+            }
+            mbar_wait(empty_k(s), phase ^ 1);
+            mbar_arrive_expect_tx(full_k(s), Cfg::kKTileBytes);
+#pragma unroll
+            for (int j = 0; j < kMaxBoxes; ++j)
+              if (j < boxes)
+#pragma unroll
+                for (int c = 0; c < Cfg::kChunksQK; ++c)
+                  tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128 + j * p.kv_box_rows * 128, &tm_k, c * 64, hk,
+                              rows[j], full_k(s));
+            mbar_wait(empty_v(s), phase ^ 1);
+            mbar_arrive_expect_tx(full_v(s), Cfg::kVTileBytes);
+#pragma unroll
+            for (int j = 0; j < kMaxBoxes; ++j)
+              if (j < boxes)
+#pragma unroll
+                for (int c = 0; c < Cfg::kChunksV; ++c)
+                  tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128 + j * p.kv_box_rows * 128, &tm_v, c * 64, hk,
+                              rows[j], full_v(s));
+          }
         }
         w = atomicAdd(p.tile_counter, 1) + gridDim.x;
       }
@@ -265,10 +319,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
     auto softmax = [&](int i, float (&alpha)[2]) {
-      const int k_lo = it.range.at(n_tiles - 1 - i) * BN;
+      const int k_lo = tile_of(it, i) * BN;
       transform_and_mask(sacc, p, !tile_fully_visible(p.mask, it.qp_min, it.qp_max, k_lo, BN, it.kv_len), qpos0,
                          k_lo, it.kv_len, t4);
       softmax_update(sacc, row_max, row_sum, p.scale_log2, alpha);
+    };
+    // Paged K/V: the V rows of tile i past the sequence's end hold whatever the pool has there
+    // (NaN patterns included), which a zero probability would not cancel; both consumer
+    // warpgroups zero them before either multiplies (same point in both: no ping-pong deadlock).
+    auto zero_v_tail = [&](int i, int s) {
+      if (!kSplitPaged || p.page_size == 0) return;
+      const int valid = it.kv_len - tile_of(it, i) * BN;
+      if (valid >= BN) return;
+      const int per_chunk = (BN - valid) * 8;  // 16-byte units
+      uint8_t* v_stage = smem_raw + (sV - raw) + s * Cfg::kVTileBytes;
+      for (int u = tid - 128; u < Cfg::kChunksV * per_chunk; u += 256) {
+        const int c = u / per_chunk, r = u % per_chunk;
+        *reinterpret_cast<uint4*>(v_stage + c * BN * 128 + valid * 128 + r * 16) = make_uint4(0, 0, 0, 0);
+      }
+      fence_proxy_async();
+      named_bar_sync<3, 256>();
     };
 
     if (n_tiles > 0) {
@@ -292,6 +362,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int s = cur % S, sp = prev % S;
         mbar_wait(full_k(s), (cur / S) & 1);
         mbar_wait(full_v(sp), (prev / S) & 1);
+        zero_v_tail(i - 1, sp);
         reg_fence(o_acc);
         take_turn();
         wgmma_fence();
@@ -312,6 +383,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       const int last = kv_iter + n_tiles - 1, sl = last % S;
       mbar_wait(full_v(sl), (last / S) & 1);
+      zero_v_tail(n_tiles - 1, sl);
       reg_fence(o_acc);
       take_turn();
       wgmma_fence();
@@ -324,7 +396,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       kv_iter += n_tiles;
       ++q_iter;
     }
-    store_output<T>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + row_in_tile, it.h, t4);
+    if (kSplitPaged && splits > 1)
+      store_partial(p, o_acc, row_max, row_sum, it.b, it.q_len, it.m0 + row_in_tile, it.h, it.split, t4);
+    else
+      store_output<T>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + row_in_tile, it.h, t4);
   }
   if (cw == 0 && !first_turn) named_bar_sync<1, 256>();  // warpgroup 1's last hand-over
 #endif

@@ -14,7 +14,12 @@ namespace escala::attn::cuda {
 
 template <class Cfg>
 cudaError_t launch_fwd_sm90(FwdParams p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
-  auto kernel = fwd_sm90_kernel<Cfg>;
+  // Paged K/V or split-KV: the kSplitPaged variant, instantiated for the square head dims the merge
+  // kernel has (64, 128, 256); the dispatcher sends nothing else there.
+  constexpr bool kHasSplitPaged = Cfg::DQK == Cfg::DV && Cfg::DQK != 192;
+  const bool split_paged = p.page_size > 0 || p.num_splits > 1;
+  if (split_paged && !kHasSplitPaged) return cudaErrorInvalidValue;
+  auto kernel = split_paged ? fwd_sm90_kernel<Cfg, kHasSplitPaged> : fwd_sm90_kernel<Cfg, false>;
   // A build without sm_90a code (e.g. CMAKE_CUDA_ARCHITECTURES=80) has an empty body here: refuse,
   // so that the dispatcher falls back to the sm_80 kernel.
   cudaFuncAttributes attr{};
@@ -23,19 +28,23 @@ cudaError_t launch_fwd_sm90(FwdParams p, bool bf16, const Sm90Extents& e, cudaSt
   if (attr.binaryVersion < 90) return cudaErrorNotSupported;
   CUtensorMap tq, tk, tv;
   // The maps span the real head dims: TMA fills the columns past them with zeros.
+  // Paged K/V: the maps span the pool as rows (pages stacked row after row), boxes of kv_box_rows.
+  const bool paged = p.page_size > 0;
+  if (paged && (p.kv_box_rows < 16 || Cfg::BN % p.kv_box_rows != 0 || p.page_size % p.kv_box_rows != 0))
+    return cudaErrorInvalidValue;
+  const int64_t kv_rows = paged ? int64_t(INT32_MAX) : e.total_kv;
+  const int kv_box = paged ? p.kv_box_rows : Cfg::BN;
   err = make_tensor_map(&tq, p.q, bf16, p.d_qk, p.num_heads, e.total_q, p.q_head_stride, p.q_row_stride, Cfg::BM);
   if (err == cudaSuccess)
-    err = make_tensor_map(&tk, p.k, bf16, p.d_qk, e.num_kv_heads, e.total_kv, p.k_head_stride, p.k_row_stride,
-                          Cfg::BN);
+    err = make_tensor_map(&tk, p.k, bf16, p.d_qk, e.num_kv_heads, kv_rows, p.k_head_stride, p.k_row_stride, kv_box);
   if (err == cudaSuccess)
-    err = make_tensor_map(&tv, p.v, bf16, p.d_v, e.num_kv_heads, e.total_kv, p.v_head_stride, p.v_row_stride,
-                          Cfg::BN);
+    err = make_tensor_map(&tv, p.v, bf16, p.d_v, e.num_kv_heads, kv_rows, p.v_head_stride, p.v_row_stride, kv_box);
   if (err != cudaSuccess) return err;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   p.num_m_blocks = (e.max_q_len + Cfg::BM - 1) / Cfg::BM;
   const int64_t bh = static_cast<int64_t>(p.batch) * p.num_heads;
-  const int64_t items = p.num_m_blocks * bh;
+  const int64_t items = p.num_m_blocks * bh * p.num_splits;
   if (items > INT32_MAX - 4096) return cudaErrorInvalidValue;
   // Sections of (sequence, head) pairs whose K/V (shared by a GQA group) take at most ~24 MB, half
   // the H200's L2: the CTAs running at one time then reread K/V from L2, not HBM (measured when

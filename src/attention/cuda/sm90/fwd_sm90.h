@@ -24,6 +24,13 @@ struct Sm90Extents {
 cudaError_t make_tensor_map(CUtensorMap* map, const void* base, bool bf16, int d, int heads, int64_t rows,
                             int64_t head_stride, int64_t row_stride, int box_rows);
 
+// Key-tile rows of the kernel for tile widths (wq, wv) (the paged mode's boxes must divide it).
+inline int sm90_block_n(int wq, int wv) {
+  if (wq == 192 && wv == 128) return 128;
+  const int w = wq > wv ? wq : wv;
+  return w <= 128 ? 128 : (w == 192 ? 112 : 64);
+}
+
 // Tile widths (d_qk, d_v) with a kernel: (64, 64), (128, 128), (192, 192), (256, 256), (192, 128).
 // p.tile_counter must point at a device int32 no other launch uses concurrently.
 cudaError_t run_fwd_sm90_hd64(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream);
