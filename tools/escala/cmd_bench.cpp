@@ -131,15 +131,18 @@ void run_prefill(bool quick, int threads, const bench::Rate& peak, attn::CpuOpti
               100 * gflops_cpu / peak.cpu);
 }
 
-// Decode: GQA 32/8, d 128, one query, contiguous bf16 / paged bf16 / paged int8 / paged fp8.
+// Decode: GQA 32/8, d 128, one query, contiguous bf16 / paged bf16 / paged int8 / paged fp8 /
+// contiguous int8. Ratios against contiguous bf16 on each line; the like-for-like int8/bf16
+// ratios (same layout) at the end.
 void run_decode(bool quick, int threads, const bench::Rate& bw, attn::CpuOptions opt, std::mt19937& rng) {
   const int TK = quick ? 8192 : 32768;
   struct Variant { const char* name; DType kv; int page; };
   const Variant variants[] = {{"contiguous bf16", DType::kBF16, 0},
                               {"paged(16) bf16", DType::kBF16, 16},
                               {"paged(16) int8", DType::kI8, 16},
-                              {"paged(16) fp8", DType::kFp8E4M3, 16}};
-  bench::Times t_base{}, t_paged{};
+                              {"paged(16) fp8", DType::kFp8E4M3, 16},
+                              {"contiguous int8", DType::kI8, 0}};
+  bench::Times t_base{}, t_paged{}, t_int8_paged{}, t_int8_contig{};
   for (const auto& var : variants) {
     Problem pd{.h = 32, .h_kv = 8, .d = 128, .q_len = 1, .kv_len = TK, .kv_dtype = var.kv, .page_size = var.page};
     Inputs din(pd, rng);
@@ -147,8 +150,9 @@ void run_decode(bool quick, int threads, const bench::Rate& bw, attn::CpuOptions
     opt.impl = attn::Impl::kDecode;
     const bench::Times t = median_times(quick ? 5 : 15, threads, [&] { (void)attn::attention(dp, opt); });
     const double gbs = decode_bytes(pd) / t.wall * 1e-9, gbs_cpu = decode_bytes(pd) / t.cpu * 1e-9;
-    if (var.page == 0) t_base = t;
+    if (var.page == 0 && var.kv == DType::kBF16) t_base = t;
     if (var.page > 0 && var.kv == DType::kBF16) t_paged = t;
+    if (var.kv == DType::kI8) (var.page > 0 ? t_int8_paged : t_int8_contig) = t;
     std::printf("decode   T=%d GQA 32/8 d=128 %-16s %8.3f ms  %7.2f GB/s  %5.1f%% of read bandwidth  %5.2fx contiguous "
                 "bf16 speed  | CPU clock: %7.2f GB/s %5.1f%% %5.2fx\n",
                 TK, var.name, t.wall * 1e3, gbs, 100 * gbs / bw.wall, t_base.wall / t.wall, gbs_cpu,
@@ -156,6 +160,9 @@ void run_decode(bool quick, int threads, const bench::Rate& bw, attn::CpuOptions
   }
   std::printf("\npaged/contiguous decode time: %.3f (CPU clock %.3f)\n", t_paged.wall / t_base.wall,
               t_paged.cpu / t_base.cpu);
+  std::printf("int8 / bf16 speed, same layout: contiguous %.2fx, paged(16) %.2fx (CPU clock %.2fx, %.2fx)\n",
+              t_base.wall / t_int8_contig.wall, t_paged.wall / t_int8_paged.wall, t_base.cpu / t_int8_contig.cpu,
+              t_paged.cpu / t_int8_paged.cpu);
 }
 
 // `only`: "" (both), "prefill" or "decode".
