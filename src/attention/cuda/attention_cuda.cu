@@ -346,8 +346,9 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
 
   // A forced prefill arch (tests, benchmarks) keeps short runs on that kernel. Paged K/V go to the
   // sm_90 prefill kernel where it can read them (Hopper, pages of 16 x n rows), else to decode.
-  const bool paged_prefill = p.page_size > 0 && is_hopper() && arch != KernelArch::kSm80 &&
-                             sm90_paged_box_rows(p) > 0 && (!bounds_given || options.host_cu_seqlens_k != nullptr);
+  const int paged_box_rows = sm90_paged_box_rows(p);  // 0: the sm_90 kernel cannot read these pages
+  const bool paged_prefill = p.page_size > 0 && is_hopper() && arch != KernelArch::kSm80 && paged_box_rows > 0 &&
+                             (!bounds_given || options.host_cu_seqlens_k != nullptr);
   const bool needs_decode = (p.page_size != 0 && !paged_prefill) || p.kv_dtype != p.q_dtype;
   const bool short_runs =
       max_q_len <= 16 && arch == KernelArch::kAuto && options.impl == Impl::kAuto && decode_supports(p);
@@ -391,9 +392,9 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
   k.d_qk = p.head_dim;
   k.d_v = p.head_dim_v ? p.head_dim_v : p.head_dim;
   if (p.page_size > 0) {
-    if (arch != KernelArch::kSm90 || sm90_paged_box_rows(p) == 0)
+    if (arch != KernelArch::kSm90 || paged_box_rows == 0)
       return fail("paged K/V in the prefill kernel need the sm_90 kernel and pages of 16 x n stacked rows");
-    k.page_size = p.page_size, k.kv_box_rows = sm90_paged_box_rows(p);
+    k.page_size = p.page_size, k.kv_box_rows = paged_box_rows;
     k.page_indptr = p.page_indptr, k.page_indices = p.page_indices;
   }
 

@@ -109,6 +109,12 @@ __device__ __forceinline__ float join_sink_logit(const float* sink, float& m2, f
   return ofac;
 }
 
+// A row's sum over the 4 lanes (t4 = 0..3) that hold its columns.
+__device__ __forceinline__ float row_total(float partial) {
+  partial += __shfl_xor_sync(0xffffffffu, partial, 1);
+  return partial + __shfl_xor_sync(0xffffffffu, partial, 2);
+}
+
 // Full row sums, the learned sink logit, normalisation, and the O / LSE stores of this thread's
 // two rows (`row` and `row + 8`, relative to the sequence).
 template <class T, int kDT>
@@ -118,9 +124,7 @@ __device__ __forceinline__ void store_output(const FwdParams& p, float (&o)[kDT]
   constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    float l = row_total(row_sum[r]);
     float m2 = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * p.scale_log2;  // log2 units
     const float ofac = join_sink_logit(p.sink_logits ? p.sink_logits + h : nullptr, m2, l);
     const float inv = l > 0.0f ? ofac / l : 0.0f;
@@ -149,9 +153,7 @@ __device__ __forceinline__ void store_partial(const FwdParams& p, float (&o)[kDT
   constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    float l = row_total(row_sum[r]);
     const int rr = row + r * 8;
     if (rr < q_len) {
       const int64_t part = ((static_cast<int64_t>(b) * p.max_q_len + rr) * p.num_heads + h) * p.num_splits + split;
