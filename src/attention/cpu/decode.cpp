@@ -46,6 +46,8 @@ using VF = hn::Vec<DF>;
 constexpr int kLanes = int(hn::MaxLanes(DF()));
 
 constexpr int kBlock = 32;              // keys per block
+// int8 K/V with VNNI: queries and weights as 16-bit integers, i.e. two 8-bit digits (see qk_i8_vnni).
+constexpr int kDigits = 2;
 constexpr int64_t kMinSplitKeys = 256;  // a split shorter than this costs more to merge than it saves
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // e4m3 bits moved into an f32's sign, exponent and mantissa fields are the value times 2^-120
@@ -73,8 +75,8 @@ struct Scratch {
   hwy::AlignedFreeUniquePtr<int32_t[]> qd, qcorr;  // int8 keys with VNNI: the queries' digits
   void init(int rows, int d, int dv) {  // rows: every kv head's padded rows
     q = hwy::AllocateAligned<float>(size_t(rows) * d);
-    qd = hwy::AllocateAligned<int32_t>(size_t(rows) * 3 * (d / 4));
-    qcorr = hwy::AllocateAligned<int32_t>(size_t(rows) * 3);
+    qd = hwy::AllocateAligned<int32_t>(size_t(rows) * kDigits * (d / 4));
+    qcorr = hwy::AllocateAligned<int32_t>(size_t(rows) * kDigits);
     qs = hwy::AllocateAligned<float>(rows);
     kf = hwy::AllocateAligned<float>(size_t(kBlock) * d);
     vf = hwy::AllocateAligned<float>(size_t(kBlock) * dv);
@@ -263,14 +265,16 @@ void pick_kernels(DType t, int nr, QkFn* qk, PvFn* pv) {
 }
 
 // int8 keys against the 4 query rows of a pass with AVX-512 VNNI (vpdpbusd: 64 u8 x s8 products
-// summed in fours into 16 int32 lanes per instruction), exact: each query row is quantized to a
-// 24-bit integer relative to its max magnitude, q = qs * (65536 q2 + 256 q1 + q0) with signed
-// 8-bit digits (rounding error 2^-24 of the row max, below f32's own), and every digit product is
-// summed exactly in int32. The keys are the unsigned operand: k xor 0x80 = k + 128, whose excess
-// (128 times each digit's sum over the row) starts the accumulators negative. 16 keys are
-// transposed (lane = key, one vector per 4 dims) so that one broadcast query dword serves 16
-// keys and no horizontal sums are needed; 24 instructions per (key, kv head) for the products of 4
-// rows instead of 32 FMAs and 16 conversions, plus the 8-step transpose of the keys.
+// summed in fours into 16 int32 lanes per instruction): each query row is rounded to a 16-bit
+// integer relative to its max magnitude, q = qs * (256 q1 + q0) with signed 8-bit digits (error at
+// most 2^-16 of the row max per element, f16-class and ~100x below the int8 keys' own rounding),
+// and every digit product is summed exactly in int32. The keys are the unsigned operand:
+// k xor 0x80 = k + 128, whose excess (128 times each digit's sum over the row) starts the
+// accumulators negative. 16 keys are transposed (lane = key, one vector per 4 dims) so that one
+// broadcast query dword serves 16 keys and no horizontal sums are needed; 16 instructions per
+// (key, kv head) for the products of 4 rows instead of 32 FMAs and 16 conversions, plus the
+// 8-step transpose of the keys. A third digit (24-bit queries, exact to f32) cost 1.3x the time:
+// vpdpbusd issues on one port of this class of core, and it is the bound.
 #if HWY_ARCH_X86_64 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
 #undef ESCALA_DECODE_VNNI
 #undef ESCALA_VNNI_ATTR
@@ -284,7 +288,7 @@ bool cpu_has_vnni() {
   static const bool has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
   return has;
 }
-constexpr int32_t kQMax = 127 * 65536;  // |q| in units of qs; digits stay within [-127, 127]
+constexpr int32_t kQMax = 127 * 256;  // |q| in units of qs; the top digit stays within [-127, 127]
 constexpr int kVnniRows = 4;
 
 // acc + the sums of 4 products of k's unsigned bytes and *q's signed bytes (broadcast), per lane.
@@ -300,8 +304,8 @@ HWY_INLINE __m512i dpbusd(__m512i acc, __m512i k, __m512i q) {
 }
 
 // Query row r of a pass of 4 (d elements, f32, d a multiple of 16) as digit dwords (4 digits of
-// one part, for one broadcast) in the pass's layout digits[d / 4][4 rows][3 parts], its excess
-// corrections corr[3] and its step qs. q * (kQMax / max) is within 1.5 units of the exact quotient.
+// one part, for one broadcast) in the pass's layout digits[d / 4][4 rows][kDigits parts], its
+// excess corrections corr[kDigits] and its step qs. q * (kQMax / max) is within 1.5 units of the exact quotient.
 ESCALA_VNNI_ATTR void quantize_query_row(const float* q, int d, int r, int32_t* digits, int32_t* corr, float* qs) {
   __m512 mx = _mm512_setzero_ps();
   for (int c = 0; c < d; c += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(q + c)));
@@ -310,21 +314,22 @@ ESCALA_VNNI_ATTR void quantize_query_row(const float* q, int d, int r, int32_t* 
   const __m512 inv = _mm512_set1_ps(m > 0.0f ? float(kQMax) / m : 0.0f);
   const __m512i lo = _mm512_set1_epi32(-kQMax), hi = _mm512_set1_epi32(kQMax), half = _mm512_set1_epi32(128),
                 mask = _mm512_set1_epi32(255);
-  __m512i sum[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+  __m512i sum[kDigits];
+  for (int p = 0; p < kDigits; ++p) sum[p] = _mm512_setzero_si512();
   for (int c = 0; c < d; c += 16) {
     __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(q + c), inv));  // nearest
     x = _mm512_min_epi32(_mm512_max_epi32(x, lo), hi);
-    for (int p = 0; p < 3; ++p) {
+    for (int p = 0; p < kDigits; ++p) {
       // Balanced digits in [-128, 127]; the top one is what is left (|.| <= 127).
-      const __m512i dig = p < 2 ? _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(x, half), mask), half) : x;
+      const __m512i dig = p < kDigits - 1 ? _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(x, half), mask), half) : x;
       sum[p] = _mm512_add_epi32(sum[p], dig);
       x = _mm512_srai_epi32(_mm512_sub_epi32(x, dig), 8);
       alignas(16) int32_t b[4];
       _mm_store_si128(reinterpret_cast<__m128i*>(b), _mm512_cvtepi32_epi8(dig));
-      for (int g = 0; g < 4; ++g) digits[(c / 4 + g) * 12 + r * 3 + p] = b[g];
+      for (int g = 0; g < 4; ++g) digits[((c / 4 + g) * kVnniRows + r) * kDigits + p] = b[g];
     }
   }
-  for (int p = 0; p < 3; ++p) corr[p] = -128 * _mm512_reduce_add_epi32(sum[p]);
+  for (int p = 0; p < kDigits; ++p) corr[p] = -128 * _mm512_reduce_add_epi32(sum[p]);
   *qs = step;
 }
 
@@ -361,13 +366,13 @@ ESCALA_VNNI_ATTR HWY_INLINE void transpose_keys(const uint8_t* const* kb, size_t
 }
 
 // The 4 rows' scores of 16 transposed keys from their digit sums, stored key-major (s[j * 4 + r]).
-ESCALA_VNNI_ATTR HWY_INLINE void vnni_scores(const __m512i (*acc)[3], const float* qs, float* out) {
+ESCALA_VNNI_ATTR HWY_INLINE void vnni_scores(const __m512i (*acc)[kDigits], const float* qs, float* out) {
+  static_assert(kDigits == 2, "the digit sums are combined for two digits");
   __m512 sc[kVnniRows];
   for (int r = 0; r < kVnniRows; ++r) {
-    // 256 * (256 q2 + q1) . k + q0 . k: the first part fits in int32 for d <= 256.
-    const __m512i hi = _mm512_add_epi32(_mm512_slli_epi32(acc[r][2], 8), acc[r][1]);
-    sc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_set1_ps(256.0f * qs[r]),
-                            _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][0]), _mm512_set1_ps(qs[r])));
+    // q . k = 256 q1 . k + q0 . k, exact in int32: |q| <= 127 * 256 + 128, |k| <= 128, d <= 256.
+    const __m512i qk = _mm512_add_epi32(_mm512_slli_epi32(acc[r][1], 8), acc[r][0]);
+    sc[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(qk), _mm512_set1_ps(qs[r]));
   }
   const __m512d x0 = _mm512_castps_pd(_mm512_unpacklo_ps(sc[0], sc[1]));
   const __m512d x1 = _mm512_castps_pd(_mm512_unpackhi_ps(sc[0], sc[1]));
@@ -381,7 +386,8 @@ ESCALA_VNNI_ATTR HWY_INLINE void vnni_scores(const __m512i (*acc)[3], const floa
 
 // s[j * 4 + r] = q[r] . k[j] (unscaled by the K scales) for every pass of 4 rows and nk keys (kb
 // padded to whole groups of 16); the same lane layout as qk_pass<T, 4>. qd/corr/qs: the rows'
-// digits (quantize_query_row: per pass of 4 rows, d / 4 x 12 dwords), d a multiple of 64 up to 256.
+// digits (quantize_query_row: per pass of 4 rows, d / 4 x 4 x kDigits dwords), d a multiple of 64 up
+// to 256.
 // G groups of 16 keys at a time (the query digits loaded once for both); pk: the rows to request
 // meanwhile (two lines per step of the first pass).
 template <int G, int LINES>
@@ -392,11 +398,11 @@ ESCALA_VNNI_ATTR void qk_i8_vnni_groups(const int32_t* qd, const int32_t* corr, 
   alignas(64) __m512i kt[G][64];
   for (int g = 0; g < G; ++g) transpose_keys(kb + 16 * g, off, d, kt[g]);
   for (int r0 = 0; r0 < rows; r0 += kVnniRows) {
-    const int32_t* qr = qd + size_t(r0) * 3 * nc;  // this pass's d / 4 x 12 dwords
-    __m512i acc[G][kVnniRows][3];
+    const int32_t* qr = qd + size_t(r0) * kDigits * nc;  // this pass's d / 4 x 4 x kDigits dwords
+    __m512i acc[G][kVnniRows][kDigits];
     for (int r = 0; r < kVnniRows; ++r)
-      for (int p = 0; p < 3; ++p) {
-        const __m512i c0 = _mm512_set1_epi32(corr[(r0 + r) * 3 + p]);
+      for (int p = 0; p < kDigits; ++p) {
+        const __m512i c0 = _mm512_set1_epi32(corr[(r0 + r) * kDigits + p]);
         for (int g = 0; g < G; ++g) acc[g][r][p] = c0;
       }
     for (int c = 0; c < nc; ++c) {
@@ -406,11 +412,12 @@ ESCALA_VNNI_ATTR void qk_i8_vnni_groups(const int32_t* qd, const int32_t* corr, 
           request(pk[li / LINES] + poff + 64 * (li % LINES));
         }
       for (int r = 0; r < kVnniRows; ++r)
-        for (int p = 0; p < 3; ++p) {
+        for (int p = 0; p < kDigits; ++p) {
+          const int32_t* qw = qr + (c * kVnniRows + r) * kDigits + p;
           if constexpr (G == 1) {
-            acc[0][r][p] = dpbusd_bcast(acc[0][r][p], kt[0][c], qr + c * 12 + r * 3 + p);
+            acc[0][r][p] = dpbusd_bcast(acc[0][r][p], kt[0][c], qw);
           } else {
-            const __m512i qb = _mm512_set1_epi32(qr[c * 12 + r * 3 + p]);
+            const __m512i qb = _mm512_set1_epi32(*qw);
             for (int g = 0; g < G; ++g) acc[g][r][p] = dpbusd(acc[g][r][p], kt[g][c], qb);
           }
         }
@@ -420,28 +427,28 @@ ESCALA_VNNI_ATTR void qk_i8_vnni_groups(const int32_t* qd, const int32_t* corr, 
   }
 }
 
-// P.V of int8 values for the passes of 4 rows with VNNI, exact like qk_i8_vnni: each row's weights
-// of the block (w[j * 4 + r], >= 0, the V scales folded in) as 24-bit integers relative to the
-// row's max (three unsigned 8-bit digits, error 2^-24 of that max), against 4 keys' values
-// interleaved bytewise (a dword per column: 8 unpacks per 4 keys and 64 columns); each digit's
-// sums are exact in int32 for a block, then o = o * alpha + step * (65536 A2 + 256 A1 + A0) in f32.
+// P.V of int8 values for the passes of 4 rows with VNNI, like qk_i8_vnni: each row's weights of the
+// block (w[j * 4 + r], >= 0, the V scales folded in) as 16-bit integers relative to the row's max
+// over the block (two unsigned 8-bit digits, error at most 2^-17 of that max), against 4 keys'
+// values interleaved bytewise (a dword per column: 8 unpacks per 4 keys and 64 columns); the
+// products are summed exactly in int32 for a block, then o = o * alpha + step * (256 A1 + A0) in f32.
 // o is kept in the column order of the interleave (vnni_column), undone when the split ends.
 // Weights past nk are zero; vb is padded to whole groups of 4 keys.
-constexpr int kWMax = (1 << 24) - 1;
+constexpr int kWMax = (1 << (8 * kDigits)) - 1;
 HWY_INLINE size_t vnni_column(int c) {  // where column c of a V row lives in a row of o
   const int w = c % 64;
   return size_t(c - w + (w % 16) / 4 * 16 + w / 16 * 4 + w % 4);
 }
 // One chunk of 32 columns of o (the half HALF of 64 columns at h) for a pass of 4 rows: the 4 keys
-// of group g interleaved, 24 digit sums in registers over the block, then added to o.
+// of group g interleaved, 16 digit sums in registers over the block, then added to o.
 template <int HALF>
 ESCALA_VNNI_ATTR HWY_INLINE void pv_i8_chunk(const int32_t* wq, const uint8_t* const* vb, size_t off, int ng,
                                               const float* step, const float* alpha, size_t dvp, float* o,
                                               const uint8_t* const* pv, size_t poff) {
-  __m512i acc[2][kVnniRows][3];
+  __m512i acc[2][kVnniRows][kDigits];
   for (int m = 0; m < 2; ++m)
     for (int r = 0; r < kVnniRows; ++r)
-      for (int p = 0; p < 3; ++p) acc[m][r][p] = _mm512_setzero_si512();
+      for (int p = 0; p < kDigits; ++p) acc[m][r][p] = _mm512_setzero_si512();
   for (int g = 0; g < ng; ++g) {
     const uint8_t* const* v4 = vb + 4 * g;
     if (HALF == 0 && pv)  // the same lines of the next block's rows
@@ -452,17 +459,16 @@ ESCALA_VNNI_ATTR HWY_INLINE void pv_i8_chunk(const int32_t* wq, const uint8_t* c
     const __m512i b23 = HALF == 0 ? _mm512_unpacklo_epi8(a2, a3) : _mm512_unpackhi_epi8(a2, a3);
     const __m512i e[2] = {_mm512_unpacklo_epi16(b01, b23), _mm512_unpackhi_epi16(b01, b23)};
     for (int r = 0; r < kVnniRows; ++r)
-      for (int p = 0; p < 3; ++p) {
-        const __m512i wb = _mm512_set1_epi32(wq[12 * g + r * 3 + p]);
+      for (int p = 0; p < kDigits; ++p) {
+        const __m512i wb = _mm512_set1_epi32(wq[(g * kVnniRows + r) * kDigits + p]);
         for (int m = 0; m < 2; ++m) acc[m][r][p] = dpbusd(acc[m][r][p], wb, e[m]);
       }
   }
   for (int m = 0; m < 2; ++m)
     for (int r = 0; r < kVnniRows; ++r) {
-      // 256 * (256 A2 + A1) + A0: the first part fits in int32 for 32 keys.
-      const __m512i hi = _mm512_add_epi32(_mm512_slli_epi32(acc[m][r][2], 8), acc[m][r][1]);
-      const __m512 res = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_set1_ps(256.0f * step[r]),
-                                         _mm512_mul_ps(_mm512_cvtepi32_ps(acc[m][r][0]), _mm512_set1_ps(step[r])));
+      // 256 A1 + A0 = w . v, exact in int32: |w| <= 65535, |v| <= 127, 32 keys.
+      const __m512i wv = _mm512_add_epi32(_mm512_slli_epi32(acc[m][r][1], 8), acc[m][r][0]);
+      const __m512 res = _mm512_mul_ps(_mm512_cvtepi32_ps(wv), _mm512_set1_ps(step[r]));
       float* oc = o + size_t(r) * dvp + 16 * (2 * HALF + m);
       _mm512_store_ps(oc, _mm512_fmadd_ps(_mm512_load_ps(oc), _mm512_set1_ps(alpha[r]), res));
     }
@@ -471,12 +477,20 @@ ESCALA_VNNI_ATTR HWY_INLINE void pv_i8_chunk(const int32_t* wq, const uint8_t* c
 ESCALA_VNNI_ATTR void pv_i8_vnni(const float* w, const uint8_t* const* vb, size_t off, const float* alpha, int nk,
                                  int rows, int dv, size_t dvp, float* o, const uint8_t* const* pv, size_t poff) {
   const int ng = (nk + 3) / 4;
-  // Byte (r * 3 + p) * 4 + k of a group's 48 = digit p of key k's weight for row r (lane 4k + r).
-  alignas(64) static const uint8_t kIdx[64] = {
-      0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 4, 20, 36, 52, 5, 21, 37, 53, 6, 22, 38, 54,
-      8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58, 12, 28, 44, 60, 13, 29, 45, 61, 14, 30, 46, 62};
-  const __m512i idx = _mm512_load_si512(kIdx);
-  alignas(64) int32_t wq[(kBlock / 4) * 12 + 16];
+  // Byte (r * kDigits + p) * 4 + k of a group's 4 * 4 * kDigits = digit p (byte p) of key k's
+  // weight for row r (lane 4k + r).
+  struct Index {
+    alignas(64) uint8_t bytes[64] = {};
+    constexpr Index() {
+      for (int r = 0; r < kVnniRows; ++r)
+        for (int p = 0; p < kDigits; ++p)
+          for (int k = 0; k < 4; ++k) bytes[(r * kDigits + p) * 4 + k] = uint8_t(16 * k + 4 * r + p);
+    }
+  };
+  static constexpr Index kIdx;
+  const __m512i idx = _mm512_load_si512(kIdx.bytes);
+  constexpr uint64_t kGroupBytes = (uint64_t(1) << (16 * kDigits)) - 1;  // mask of a group's bytes
+  alignas(64) int32_t wq[(kBlock / 4) * kVnniRows * kDigits + 16];
   for (int r0 = 0; r0 < rows; r0 += kVnniRows, w += size_t(kBlock) * kVnniRows) {
     // Each row's max over the block (lanes 4k + r), its step and the digits.
     __m512 mx = _mm512_setzero_ps();
@@ -490,7 +504,7 @@ ESCALA_VNNI_ATTR void pv_i8_vnni(const float* w, const uint8_t* const* vb, size_
     const __m512i top = _mm512_set1_epi32(kWMax);
     for (int g = 0; g < ng; ++g) {
       const __m512i x = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(w + 16 * g), inv)), top);
-      _mm512_mask_storeu_epi8(wq + 12 * g, 0x0000FFFFFFFFFFFFull, _mm512_permutexvar_epi8(idx, x));
+      _mm512_mask_storeu_epi8(wq + kVnniRows * kDigits * g, kGroupBytes, _mm512_permutexvar_epi8(idx, x));
     }
     float* orow = o + size_t(r0) * dvp;
     const uint8_t* const* rq = r0 == 0 ? pv : nullptr;
@@ -684,8 +698,8 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
 #if ESCALA_DECODE_VNNI
   if (vnni_qk)
     for (int r = 0; r < nh * rows; ++r)
-      quantize_query_row(q + size_t(r) * dp, d, r % kVnniRows, sc.qd.get() + size_t(r / kVnniRows) * 12 * (d / 4),
-                         sc.qcorr.get() + r * 3, sc.qs.get() + r);
+      quantize_query_row(q + size_t(r) * dp, d, r % kVnniRows, sc.qd.get() + size_t(r / kVnniRows) * kVnniRows * kDigits * (d / 4),
+                         sc.qcorr.get() + r * kDigits, sc.qs.get() + r);
 #endif
   float* o = sc.o.get();
   std::fill(o, o + size_t(nh) * rows * dvp, 0.0f);
@@ -785,7 +799,7 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
       const size_t pkoff = koff, pvoff = voff;
 #if ESCALA_DECODE_VNNI
       if (vnni_qk)
-        qk_i8_vnni(sc.qd.get() + size_t(hk) * rows * 3 * (d / 4), sc.qcorr.get() + hk * rows * 3,
+        qk_i8_vnni(sc.qd.get() + size_t(hk) * rows * kDigits * (d / 4), sc.qcorr.get() + hk * rows * kDigits,
                    sc.qs.get() + hk * rows, d, cur.k, koff, nk, rows, s, pfk, pkoff);
       else
 #endif
