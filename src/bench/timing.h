@@ -52,4 +52,27 @@ inline Times median_times(int runs, int threads, const std::function<void()>& fn
   return {w[w.size() / 2], c[c.size() / 2]};
 }
 
+// median_times for several functions whose times are compared: `runs` rounds that call each
+// function once in turn (after one warm-up round), so a slow stretch of the machine (another
+// tenant, a frequency change) lands on all of them instead of on whichever was running.
+inline std::vector<Times> interleaved_median_times(int runs, int threads, const std::vector<std::function<void()>>& fns) {
+  for (const auto& fn : fns) fn();
+  std::vector<std::vector<double>> w(fns.size()), c(fns.size());
+  for (int i = 0; i < runs; ++i)
+    for (size_t f = 0; f < fns.size(); ++f) {
+      const double c0 = process_cpu_seconds();
+      const auto t0 = std::chrono::steady_clock::now();
+      fns[f]();
+      w[f].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      c[f].push_back((process_cpu_seconds() - c0) / threads);
+    }
+  std::vector<Times> out;
+  for (size_t f = 0; f < fns.size(); ++f) {
+    std::sort(w[f].begin(), w[f].end());
+    std::sort(c[f].begin(), c[f].end());
+    out.push_back({w[f][w[f].size() / 2], c[f][c[f].size() / 2]});
+  }
+  return out;
+}
+
 }  // namespace escala::bench

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -132,8 +133,8 @@ void run_prefill(bool quick, int threads, const bench::Rate& peak, attn::CpuOpti
 }
 
 // Decode: GQA 32/8, d 128, one query, contiguous bf16 / paged bf16 / paged int8 / paged fp8 /
-// contiguous int8. Ratios against contiguous bf16 on each line; the like-for-like int8/bf16
-// ratios (same layout) at the end.
+// contiguous int8, timed in interleaved rounds. Ratios against contiguous bf16 on each line; the
+// like-for-like int8/bf16 ratios (same layout) at the end.
 void run_decode(bool quick, int threads, const bench::Rate& bw, attn::CpuOptions opt, std::mt19937& rng) {
   const int TK = quick ? 8192 : 32768;
   struct Variant { const char* name; DType kv; int page; };
@@ -142,27 +143,30 @@ void run_decode(bool quick, int threads, const bench::Rate& bw, attn::CpuOptions
                               {"paged(16) int8", DType::kI8, 16},
                               {"paged(16) fp8", DType::kFp8E4M3, 16},
                               {"contiguous int8", DType::kI8, 0}};
-  bench::Times t_base{}, t_paged{}, t_int8_paged{}, t_int8_contig{};
+  constexpr int kBase = 0, kPaged = 1, kInt8Paged = 2, kInt8Contig = 4;
+  std::vector<Problem> problems;
+  std::vector<std::unique_ptr<Inputs>> inputs;
+  std::vector<std::function<void()>> calls;
+  opt.impl = attn::Impl::kDecode;
   for (const auto& var : variants) {
-    Problem pd{.h = 32, .h_kv = 8, .d = 128, .q_len = 1, .kv_len = TK, .kv_dtype = var.kv, .page_size = var.page};
-    Inputs din(pd, rng);
-    auto dp = din.params();
-    opt.impl = attn::Impl::kDecode;
-    const bench::Times t = median_times(quick ? 5 : 15, threads, [&] { (void)attn::attention(dp, opt); });
-    const double gbs = decode_bytes(pd) / t.wall * 1e-9, gbs_cpu = decode_bytes(pd) / t.cpu * 1e-9;
-    if (var.page == 0 && var.kv == DType::kBF16) t_base = t;
-    if (var.page > 0 && var.kv == DType::kBF16) t_paged = t;
-    if (var.kv == DType::kI8) (var.page > 0 ? t_int8_paged : t_int8_contig) = t;
+    problems.push_back(
+        Problem{.h = 32, .h_kv = 8, .d = 128, .q_len = 1, .kv_len = TK, .kv_dtype = var.kv, .page_size = var.page});
+    inputs.push_back(std::make_unique<Inputs>(problems.back(), rng));
+    calls.push_back([&, dp = inputs.back()->params()] { (void)attn::attention(dp, opt); });
+  }
+  const std::vector<bench::Times> t = bench::interleaved_median_times(quick ? 5 : 15, threads, calls);
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const double gbs = decode_bytes(problems[i]) / t[i].wall * 1e-9, gbs_cpu = decode_bytes(problems[i]) / t[i].cpu * 1e-9;
     std::printf("decode   T=%d GQA 32/8 d=128 %-16s %8.3f ms  %7.2f GB/s  %5.1f%% of read bandwidth  %5.2fx contiguous "
                 "bf16 speed  | CPU clock: %7.2f GB/s %5.1f%% %5.2fx\n",
-                TK, var.name, t.wall * 1e3, gbs, 100 * gbs / bw.wall, t_base.wall / t.wall, gbs_cpu,
-                100 * gbs_cpu / bw.cpu, t_base.cpu / t.cpu);
+                TK, variants[i].name, t[i].wall * 1e3, gbs, 100 * gbs / bw.wall, t[kBase].wall / t[i].wall, gbs_cpu,
+                100 * gbs_cpu / bw.cpu, t[kBase].cpu / t[i].cpu);
   }
-  std::printf("\npaged/contiguous decode time: %.3f (CPU clock %.3f)\n", t_paged.wall / t_base.wall,
-              t_paged.cpu / t_base.cpu);
+  std::printf("\npaged/contiguous decode time: %.3f (CPU clock %.3f)\n", t[kPaged].wall / t[kBase].wall,
+              t[kPaged].cpu / t[kBase].cpu);
   std::printf("int8 / bf16 speed, same layout: contiguous %.2fx, paged(16) %.2fx (CPU clock %.2fx, %.2fx)\n",
-              t_base.wall / t_int8_contig.wall, t_paged.wall / t_int8_paged.wall, t_base.cpu / t_int8_contig.cpu,
-              t_paged.cpu / t_int8_paged.cpu);
+              t[kBase].wall / t[kInt8Contig].wall, t[kPaged].wall / t[kInt8Paged].wall,
+              t[kBase].cpu / t[kInt8Contig].cpu, t[kPaged].cpu / t[kInt8Paged].cpu);
 }
 
 // `only`: "" (both), "prefill" or "decode".
