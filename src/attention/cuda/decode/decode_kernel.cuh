@@ -555,6 +555,12 @@ __global__ void __launch_bounds__(128)
   }
 }
 
+// The third and fourth components of a float2 / float4 (0 for a float2: not read).
+__device__ __forceinline__ float vec_z(const float2&) { return 0.0f; }
+__device__ __forceinline__ float vec_w(const float2&) { return 0.0f; }
+__device__ __forceinline__ float vec_z(const float4& x) { return x.z; }
+__device__ __forceinline__ float vec_w(const float4& x) { return x.w; }
+
 // Merges the splits of every (sequence, query token, head) row by LSE, with the sink logit as a
 // partial of value 0. One warp per row, each lane D / 32 elements; rows past a sequence's query
 // count exit. The lanes hold the weights of 32 splits at a time and hand them out by shuffle, so
@@ -586,27 +592,43 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(const DecodeParams p)
   constexpr int kPer = D / 32;
   using Vec = std::conditional_t<kPer == 2, float2, float4>;
   static_assert(kPer == 2 || kPer == 4 || kPer == 8, "D / 32 elements per lane");
+  constexpr int kVecs = kPer * 4 / int(sizeof(Vec));  // Vec loads per lane and split
   float acc[kPer] = {};
   float l = 0.0f;
+  // Adds split j's row (its lane's kPer floats, loaded as x) with weight w. A split with nothing
+  // visible has weight 0 and wrote zeros; never let its bytes in.
+  auto add = [&](float w, const Vec (&x)[kVecs]) {
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      const float xs[4] = {x[v].x, x[v].y, vec_z(x[v]), vec_w(x[v])};
+#pragma unroll
+      for (int e = 0; e < int(sizeof(Vec)) / 4; ++e) acc[v * int(sizeof(Vec)) / 4 + e] += w != 0.0f ? w * xs[e] : 0.0f;
+    }
+  };
+  auto load = [&](int64_t split, Vec (&x)[kVecs]) {
+    const Vec* src = reinterpret_cast<const Vec*>(p.part_o + (base + split) * D + lane * kPer);
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) x[v] = src[v];
+  };
   if (mx != -INFINITY) {
     for (int c = 0; c < n; c += 32) {
       const float lse = c + lane < n ? p.part_lse[base + c + lane] : -INFINITY;
       const float w_lane = lse == -INFINITY ? 0.0f : __expf(lse - mx);
       l += w_lane;
       const int m = min(32, n - c);
-#pragma unroll 8
-      for (int j = 0; j < m; ++j) {
-        const float w = __shfl_sync(0xffffffffu, w_lane, j);
-        const Vec* src = reinterpret_cast<const Vec*>(p.part_o + (base + c + j) * D + lane * kPer);
+      // Four splits' loads in flight before any is used: the merge is bound by their latency.
+      int j = 0;
+      for (; j + 4 <= m; j += 4) {
+        Vec x[4][kVecs];
 #pragma unroll
-        for (int v = 0; v < kPer * 4 / int(sizeof(Vec)); ++v) {
-          const Vec x = src[v];
-          // A split with nothing visible has weight 0 and wrote zeros; never let its bytes in.
-          const float* xf = reinterpret_cast<const float*>(&x);
+        for (int u = 0; u < 4; ++u) load(c + j + u, x[u]);
 #pragma unroll
-          for (int e = 0; e < int(sizeof(Vec)) / 4; ++e)
-            acc[v * int(sizeof(Vec)) / 4 + e] += w != 0.0f ? w * xf[e] : 0.0f;
-        }
+        for (int u = 0; u < 4; ++u) add(__shfl_sync(0xffffffffu, w_lane, j + u), x[u]);
+      }
+      for (; j < m; ++j) {
+        Vec x[kVecs];
+        load(c + j, x);
+        add(__shfl_sync(0xffffffffu, w_lane, j), x);
       }
     }
 #pragma unroll

@@ -51,6 +51,11 @@ struct Sm90Config {
   // never completes. 24 leaves the producer thread some spills (per item, cheap).
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads, "register budget");
+  // The paged/split variant's producer holds a tile's page rows and its split bounds: at 24
+  // registers the d = 128 kernel spilled 180 bytes (ptxas), at 56 (consumers 224) 12. At d = 256
+  // the consumers need more: 40 / 232 spills least there (200 bytes, against 292 at 24 / 240).
+  static constexpr int kSplitProducerRegs = DV > 128 ? 40 : 56, kSplitConsumerRegs = DV > 128 ? 232 : 224;
+  static_assert(128 * kSplitProducerRegs + 256 * kSplitConsumerRegs <= 168 * kThreads, "register budget");
 };
 
 // kSplitPaged: the variant for paged K/V and split-KV (the plain variant has neither, so their
@@ -65,7 +70,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   using T = typename Cfg::T;
   constexpr int DQK = Cfg::DQK, DV = Cfg::DV, BM = Cfg::BM, BN = Cfg::BN, S = Cfg::kStages;
   constexpr int kNT = BN / 8, kDT = DV / 8;
-  constexpr int kProducerRegs = Cfg::kProducerRegs, kConsumerRegs = Cfg::kConsumerRegs;
+  constexpr int kProducerRegs = kSplitPaged ? Cfg::kSplitProducerRegs : Cfg::kProducerRegs;
+  constexpr int kConsumerRegs = kSplitPaged ? Cfg::kSplitConsumerRegs : Cfg::kConsumerRegs;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
