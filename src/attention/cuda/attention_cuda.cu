@@ -76,8 +76,10 @@ int sm90_paged_box_rows(const AttentionParams& p) {
   if (p.k_page_stride != p.page_size * p.k_row_stride || p.v_page_stride != p.page_size * p.v_row_stride) return 0;
   const int dv = p.head_dim_v ? p.head_dim_v : p.head_dim;
   const int bn = cuda::sm90_block_n(tile_width(p.head_dim), tile_width(dv));
-  const int box = std::min(p.page_size, bn);
-  return box % 16 == 0 && bn % box == 0 && p.page_size % box == 0 ? box : 0;
+  // The widest box of a multiple of 16 rows that divides both the key tile and the page.
+  for (int box = std::min(p.page_size, bn) / 16 * 16; box >= 16; box -= 16)
+    if (bn % box == 0 && p.page_size % box == 0) return box;
+  return 0;
 }
 
 Status check_prefill(const AttentionParams& p) {
@@ -282,6 +284,10 @@ int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len) {
   // 2.25 ms with one split against 2.34 ms with three; under two waves, fp8 64 x 4k ran 0.173 ms
   // with three splits against 0.186 ms with one).
   if (units >= 2 * slots) return 1;
+  // One partial wave that still gives every SM a CTA: no split either. The SMs' streams already
+  // draw the bandwidth, and the merge's launch and partials cost more than the fill gains (H200,
+  // SmolLM2's 9/3 d64 at 64 x 4k, 192 CTAs on 132 SMs: 54.0 us with one split, 58.1 with two).
+  if (units >= sm_count() && units <= slots) return 1;
   // The fewest splits whose CTAs fill their waves to 90% or more (192 CTAs on 264 slots leave 27%
   // of the machine idle; 4 splits make 768 = 97% of three waves), keeping every warp at least two
   // 16-key tiles and the split count <= 1024.

@@ -28,7 +28,7 @@ cudaError_t make_tensor_map(CUtensorMap* map, const void* base, bool bf16, int d
 inline int sm90_block_n(int wq, int wv) {
   if (wq == 192 && wv == 128) return 128;
   const int w = wq > wv ? wq : wv;
-  return w <= 128 ? 128 : (w == 192 ? 112 : 64);
+  return w <= 128 ? 128 : (w == 192 ? 112 : 80);
 }
 
 // Tile widths (d_qk, d_v) with a kernel: (64, 64), (128, 128), (192, 192), (256, 256), (192, 128).
