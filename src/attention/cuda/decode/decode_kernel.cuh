@@ -619,6 +619,7 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(const DecodeParams p)
       // kBatch splits' loads (64 floats per lane) in flight before any is used: the merge is bound
       // by their latency (30 splits one group of 4 at a time took 9 us).
       constexpr int kBatch = 64 / kPer;
+      static_assert(32 % kBatch == 0, "batches end at the 32 splits of a chunk");
       for (int j = 0; j < m; j += kBatch) {
         Vec x[kBatch][kVecs];
 #pragma unroll
@@ -632,7 +633,7 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(const DecodeParams p)
         }
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-          const float w = __shfl_sync(0xffffffffu, w_lane, (j + u) % 32);  // 0 past m (lse -inf)
+          const float w = __shfl_sync(0xffffffffu, w_lane, j + u);  // j + u < 32: kBatch divides 32
           add(j + u < m ? w : 0.0f, x[u]);
         }
       }
