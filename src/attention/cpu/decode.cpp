@@ -370,7 +370,7 @@ ESCALA_VNNI_ATTR HWY_INLINE void vnni_scores(const __m512i (*acc)[kDigits], cons
   static_assert(kDigits == 2, "the digit sums are combined for two digits");
   __m512 sc[kVnniRows];
   for (int r = 0; r < kVnniRows; ++r) {
-    // q . k = 256 q1 . k + q0 . k, exact in int32: |q| <= 127 * 256 + 128, |k| <= 128, d <= 256.
+    // q . k = 256 q1 . k + q0 . k, exact in int32: |q| <= kQMax = 127 * 256, |k| <= 128, d <= 256.
     const __m512i qk = _mm512_add_epi32(_mm512_slli_epi32(acc[r][1], 8), acc[r][0]);
     sc[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(qk), _mm512_set1_ps(qs[r]));
   }
