@@ -30,31 +30,17 @@ inline double process_cpu_seconds() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-// Median wall time and median CPU time per thread (process CPU time / threads) of `runs` calls,
-// after one warm-up call. On a shared machine the wall time also counts the time slices other
-// processes got; the CPU time per thread counts only the time this benchmark's threads ran (spin
-// waits included), so rates computed from it are comparable between a busy and a quiet moment.
 struct Times {
   double wall, cpu;
 };
-inline Times median_times(int runs, int threads, const std::function<void()>& fn) {
-  fn();
-  std::vector<double> w, c;
-  for (int i = 0; i < runs; ++i) {
-    const double c0 = process_cpu_seconds();
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    w.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    c.push_back((process_cpu_seconds() - c0) / threads);
-  }
-  std::sort(w.begin(), w.end());
-  std::sort(c.begin(), c.end());
-  return {w[w.size() / 2], c[c.size() / 2]};
-}
 
-// median_times for several functions whose times are compared: `runs` rounds that call each
-// function once in turn (after one warm-up round), so a slow stretch of the machine (another
-// tenant, a frequency change) lands on all of them instead of on whichever was running.
+// Median wall time and median CPU time per thread (process CPU time / threads) of `runs` calls of
+// each function, after one warm-up call of each. On a shared machine the wall time also counts the
+// time slices other processes got; the CPU time per thread counts only the time this benchmark's
+// threads ran (spin waits included), so rates computed from it are comparable between a busy and a
+// quiet moment. Several functions whose times are compared run in `runs` rounds that call each once
+// in turn, so a slow stretch of the machine (another tenant, a frequency change) lands on all of
+// them instead of on whichever was running.
 inline std::vector<Times> interleaved_median_times(int runs, int threads, const std::vector<std::function<void()>>& fns) {
   for (const auto& fn : fns) fn();
   std::vector<std::vector<double>> w(fns.size()), c(fns.size());
@@ -73,6 +59,9 @@ inline std::vector<Times> interleaved_median_times(int runs, int threads, const 
     out.push_back({w[f][w[f].size() / 2], c[f][c[f].size() / 2]});
   }
   return out;
+}
+inline Times median_times(int runs, int threads, const std::function<void()>& fn) {
+  return interleaved_median_times(runs, threads, {fn})[0];
 }
 
 }  // namespace escala::bench
