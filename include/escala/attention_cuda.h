@@ -23,11 +23,12 @@ struct CudaOptions {
   // CUDA graph and replayed with new lengths in device memory (set num_splits and workspace too).
   int max_q_len = 0;
   int max_kv_len = 0;
-  // Scratch for the decode kernel's split partials (decode_workspace_bytes), or for the sm_90
-  // prefill kernel: its work counter in the first 256 bytes, then the split partials (with
-  // num_splits > 1: batch x max_q_len x heads x splits x (head_dim_v + 1) floats). Null: buffers
-  // cached by the library (the counter per stream), allocated with cudaMalloc on first use or
-  // when too small (not capturable).
+  // Scratch for the decode kernel's splits (decode_workspace_bytes: the merge counters, which each
+  // call zeroes on the stream, then the split partials), or for the sm_90 prefill kernel: its work
+  // counter in the first 256 bytes, then the split partials (with num_splits > 1: batch x
+  // max_q_len x heads x splits x (head_dim_v + 1) floats). Null: buffers cached by the library
+  // (the counters kept zero, the prefill counter per stream), allocated with cudaMalloc on first
+  // use or when too small (not capturable).
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

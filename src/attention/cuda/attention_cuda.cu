@@ -133,6 +133,14 @@ int row_tiles(const AttentionParams& p, int max_q_len) {
   return (max_q_len * group + per - 1) / per;
 }
 
+// The decode workspace's first bytes: one int32 per (sequence, kv head, row tile), the in-place
+// merge's counters, rounded up to 256 bytes so that the partials stay aligned.
+size_t decode_counter_bytes(const AttentionParams& p, int max_q_len) {
+  if (p.num_kv_heads < 1 || p.num_heads < 1 || max_q_len < 1) return 0;
+  const size_t units = size_t(std::max(p.batch, 0)) * std::max(p.num_kv_heads, 0) * row_tiles(p, max_q_len);
+  return (units * sizeof(int32_t) + 255) / 256 * 256;
+}
+
 bool is_hopper() {
   static const bool h = [] {
     int dev = 0, major = 0, minor = 0;
@@ -214,6 +222,7 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
   k.o_row_stride = p.o_row_stride, k.o_head_stride = p.o_head_stride;
   k.cu_seqlens_q = p.cu_seqlens_q, k.cu_seqlens_k = p.cu_seqlens_k;
   k.page_size = p.page_size, k.page_indptr = p.page_indptr, k.page_indices = p.page_indices;
+  k.page_div = cuda::page_divisor(p.page_size);
   k.k_scale = p.k_scale, k.v_scale = p.v_scale;
   k.batch = p.batch, k.num_heads = p.num_heads, k.num_kv_heads = p.num_kv_heads;
   k.group = p.num_heads / p.num_kv_heads;
@@ -228,19 +237,37 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
   k.num_splits = options.num_splits > 0 ? options.num_splits : decode_num_splits(p, max_q_len, max_kv_len);
   if (k.num_splits > 65535) return fail("num_splits must be <= 65535");
   if (k.num_splits > 1) {
+    // Workspace: the in-place merge's counters (decode_counter_bytes), then the split partials.
+    // 16-row CTAs merge in place (a few rows per CTA); 64-row ones leave it to the merge kernel,
+    // which spreads their rows over the whole GPU.
+    const bool in_place = k.rows_per_cta == 16;
     const size_t bytes = decode_workspace_bytes(p, max_q_len, k.num_splits);
-    void* ws = options.workspace;
-    if (ws != nullptr && options.workspace_bytes < bytes)
-      return fail("workspace too small: " + std::to_string(options.workspace_bytes) + " < " + std::to_string(bytes) +
-                  " bytes");
-    if (ws == nullptr) {
+    const size_t counter_bytes = decode_counter_bytes(p, max_q_len);
+    uint8_t* ws = static_cast<uint8_t*>(options.workspace);
+    cudaError_t e = cudaSuccess;
+    if (ws != nullptr) {
+      if (options.workspace_bytes < bytes)
+        return fail("workspace too small: " + std::to_string(options.workspace_bytes) + " < " + std::to_string(bytes) +
+                    " bytes");
+      // The caller's buffer may hold anything: zero the counters on the stream (capturable).
+      if (in_place) {
+        k.merge_counters = reinterpret_cast<int32_t*>(ws);
+        e = cudaMemsetAsync(k.merge_counters, 0, counter_bytes, stream);
+        if (e != cudaSuccess) return cuda_error("zeroing the decode workspace's counters", e);
+      }
+    } else {
+      // The library's own: counters kept zero between launches, so no memset per call.
       static cuda::DeviceScratch scratch;
-      cudaError_t e = cudaSuccess;
-      ws = scratch.get(bytes, e);
+      static cuda::ZeroedCounters counters;
+      ws = static_cast<uint8_t*>(scratch.get(bytes, e));
       if (ws == nullptr) return cuda_error("allocating the decode workspace", e);
+      if (in_place) {
+        k.merge_counters = counters.get(counter_bytes / sizeof(int32_t), e);
+        if (k.merge_counters == nullptr) return cuda_error("allocating the decode merge counters", e);
+      }
     }
     const size_t parts = size_t(p.batch) * max_q_len * p.num_heads * k.num_splits;
-    k.part_o = static_cast<float*>(ws);
+    k.part_o = reinterpret_cast<float*>(ws + counter_bytes);
     k.part_lse = k.part_o + parts * p.head_dim;
   }
   const bool bf16 = p.q_dtype == DType::kBF16;
@@ -306,7 +333,7 @@ int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len) {
 size_t decode_workspace_bytes(const AttentionParams& p, int max_q_len, int num_splits) {
   if (num_splits <= 1) return 0;
   const size_t parts = size_t(p.batch) * max_q_len * p.num_heads * num_splits;
-  return parts * (size_t(p.head_dim) + 1) * sizeof(float);
+  return decode_counter_bytes(p, max_q_len) + parts * (size_t(p.head_dim) + 1) * sizeof(float);
 }
 
 bool cuda_available() {
@@ -406,6 +433,7 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
     if (arch != KernelArch::kSm90 || paged_box_rows == 0)
       return fail("paged K/V in the prefill kernel need the sm_90 kernel and pages of 16 x n stacked rows");
     k.page_size = p.page_size, k.kv_box_rows = paged_box_rows;
+    k.page_div = cuda::page_divisor(p.page_size);
     k.page_indptr = p.page_indptr, k.page_indices = p.page_indices;
   }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "attention/cuda/page_pos.h"
 #include "attention/variant.h"
 
 namespace escala::attn::cuda {
@@ -41,6 +42,7 @@ struct FwdParams {
   // page_indices[page_indptr[b] ..] of page_size rows each, stacked row after row in K and V (the
   // tensor maps span the pool as rows); each K/V tile is read as boxes of kv_box_rows rows.
   int32_t page_size = 0;
+  PageDivisor page_div;  // page_size as a divisor (page_pos.h)
   int32_t kv_box_rows = 0;
   const int32_t* page_indptr = nullptr;
   const int32_t* page_indices = nullptr;

@@ -5,8 +5,9 @@
 // packed (query token, query head of the group) pairs of one kv head, so a GQA group shares every
 // K/V tile as the M dimension of m16n8k16 MMAs (FlashInfer's "tensor-core decode"). The CTA's 4
 // warps stream disjoint 16-key tiles, each through its own cp.async ring (no block barriers in the
-// main loop), keep their own online softmax, and are merged through shared memory at the end; a
-// second kernel merges the splits by LSE.
+// main loop), keep their own online softmax, and are merged through shared memory at the end; the
+// last CTA of each (sequence, kv head, row tile) to finish merges the splits by LSE (the wide form:
+// a second kernel).
 //
 // 8-bit K/V are dequantised in registers into f16 MMA operands (int8 and e4m3 are exact in f16);
 // the per-key scales multiply the score column (K) and the probability column (V), so no
@@ -24,6 +25,7 @@
 
 #include "attention/cuda/decode/decode_params.h"
 #include "attention/cuda/online_softmax.cuh"
+#include "attention/cuda/page_pos.h"
 #include "attention/cuda/sm80/ptx.cuh"
 #include "attention/cuda/sm90/ptx90.cuh"
 #include "attention/cuda/tile_range.cuh"
@@ -69,7 +71,8 @@ struct DecodeCfg {
   static constexpr int kStageCap = kWide ? 8 : 6;
   static constexpr int kStages = kStagesRaw < 2 ? 2 : (kStagesRaw > kStageCap ? kStageCap : kStagesRaw);
   static constexpr int kRingBytes = kRings * kStages * kStageBytes;
-  static constexpr int kMergeBytes = (kWarps * 16 * D + 2 * kWarps * 16 + 2 * kRows) * 4;
+  // + the in-place merge's "last CTA" flag
+  static constexpr int kMergeBytes = (kWarps * 16 * D + 2 * kWarps * 16 + 2 * kRows + 4) * 4;
   static constexpr int kBarOffset = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
   // + one mbarrier per stage, + room to align the ring to 1024 bytes
   static constexpr int kSmemBytes = kBarOffset + kRings * kStages * 8 + (kSwizzled ? 1024 : 0);
@@ -145,6 +148,92 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
     return (chunk / 8) * (Cfg::kKeys * 128) + row * 128 + ((chunk % 8) ^ (row & 7)) * 16;
   else
     return row * Cfg::kRowPitch + chunk * 16;
+}
+
+// The third and fourth components of a float2 / float4 (0 for a float2: not read).
+__device__ __forceinline__ float vec_z(const float2&) { return 0.0f; }
+__device__ __forceinline__ float vec_w(const float2&) { return 0.0f; }
+__device__ __forceinline__ float vec_z(const float4& x) { return x.z; }
+__device__ __forceinline__ float vec_w(const float4& x) { return x.w; }
+
+// Merges the splits of one (sequence b, query token i, head h) row by LSE, with the sink logit as a
+// partial of value 0, into O and LSE: one warp, each lane D / 32 elements. The lanes hold the
+// weights of 32 splits at a time and hand them out by shuffle, so the loads of the splits' partial
+// outputs do not wait on each other (a loop that read each split's LSE before its output ran at L2
+// latency per split: 17 us for 30 splits). The partials are read through L2 (ld.cg): other CTAs of
+// the same grid may have written them (the in-place merge).
+template <int D, class T>
+__device__ __forceinline__ void merge_split_row(const DecodeParams& p, int b, int i, int h, int lane) {
+  const int64_t row = (int64_t(b) * p.max_q_len + i) * p.num_heads + h;
+  const int64_t base = row * p.num_splits;  // == ((b * max_q_len + i) * heads + h) * splits
+  const int n = p.num_splits;
+  float mx = -INFINITY;
+  for (int s = lane; s < n; s += 32) mx = fmaxf(mx, __ldcg(p.part_lse + base + s));
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  const float sink = p.sink_logits != nullptr ? p.sink_logits[h] : -INFINITY;
+  mx = fmaxf(mx, sink);
+  constexpr int kPer = D / 32;
+  using Vec = std::conditional_t<kPer == 2, float2, float4>;
+  static_assert(kPer == 2 || kPer == 4 || kPer == 8, "D / 32 elements per lane");
+  constexpr int kVecs = kPer * 4 / int(sizeof(Vec));  // Vec loads per lane and split
+  float acc[kPer] = {};
+  float l = 0.0f;
+  // Adds split j's row (its lane's kPer floats, loaded as x) with weight w. A split with nothing
+  // visible has weight 0 and wrote zeros; never let its bytes in.
+  auto add = [&](float w, const Vec (&x)[kVecs]) {
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      const float xs[4] = {x[v].x, x[v].y, vec_z(x[v]), vec_w(x[v])};
+#pragma unroll
+      for (int e = 0; e < int(sizeof(Vec)) / 4; ++e) acc[v * int(sizeof(Vec)) / 4 + e] += w != 0.0f ? w * xs[e] : 0.0f;
+    }
+  };
+  auto load = [&](int64_t split, Vec (&x)[kVecs]) {
+    const Vec* src = reinterpret_cast<const Vec*>(p.part_o + (base + split) * D + lane * kPer);
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) x[v] = __ldcg(src + v);
+  };
+  if (mx != -INFINITY) {
+    for (int c = 0; c < n; c += 32) {
+      const float lse = c + lane < n ? __ldcg(p.part_lse + base + c + lane) : -INFINITY;
+      const float w_lane = lse == -INFINITY ? 0.0f : __expf(lse - mx);
+      l += w_lane;
+      const int m = min(32, n - c);
+      // kBatch splits' loads (64 floats per lane) in flight before any is used: the merge is bound
+      // by their latency (30 splits one group of 4 at a time took 9 us).
+      constexpr int kBatch = 64 / kPer;
+      static_assert(32 % kBatch == 0, "batches end at the 32 splits of a chunk");
+      for (int j = 0; j < m; j += kBatch) {
+        Vec x[kBatch][kVecs];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          if (j + u < m) {
+            load(c + j + u, x[u]);
+          } else {
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v) x[u][v] = Vec{};
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const float w = __shfl_sync(0xffffffffu, w_lane, j + u);  // j + u < 32: kBatch divides 32
+          add(j + u < m ? w : 0.0f, x[u]);
+        }
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
+    if (sink != -INFINITY) l += __expf(sink - mx);
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  const int q0 = p.cu_seqlens_q[b];
+  T* orow = static_cast<T*>(p.o) + int64_t(q0 + i) * p.o_row_stride + h * p.o_head_stride + lane * kPer;
+  using OM = MmaType<T>;
+#pragma unroll
+  for (int e = 0; e < kPer; e += 2) *reinterpret_cast<uint32_t*>(orow + e) = OM::pack(acc[e] * inv, acc[e + 1] * inv);
+  if (lane == 0 && p.lse != nullptr)
+    p.lse[int64_t(q0 + i) * p.num_heads + h] = l > 0.0f ? mx + __logf(l) : -INFINITY;
 }
 
 template <int D, class T, KvFormat F, bool kWide>
@@ -252,7 +341,8 @@ __global__ void __launch_bounds__(128)
     // Rows past the end: zeros (cp.async) or a copy of the last row (bulk), masked either way.
     return kpos < kv_len ? kpos : (kBulk ? kv_len - 1 : kv_len);
   };
-  auto page_of = [&](int key) { return p.page_size > 0 && key >= 0 && key < kv_len ? pages[key / p.page_size] : 0; };
+  auto page_of = [&](int key) { return p.page_size > 0 && key >= 0 && key < kv_len ? pages[page_pos(key, p.page_div).page] : 0;
+  };
   int32_t next_page = page_of(lane_key(0));
 
   // Issues the loads of the warp's i-th tile into `stage` (K/V rows and, for 8-bit formats, their
@@ -273,7 +363,7 @@ __global__ void __launch_bounds__(128)
         const int64_t head_stride = is_v ? p.v_head_stride : p.k_head_stride;
         int64_t row;
         if (p.page_size > 0) {
-          const int s_in = key % p.page_size;
+          const int s_in = page_pos(key, p.page_div).row;
           slot = int64_t(page) * p.page_size + s_in;
           row = int64_t(page) * (is_v ? p.v_page_stride : p.k_page_stride) + s_in * row_stride + hk * head_stride;
         } else {
@@ -297,7 +387,8 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
           for (int bx = 0; bx < kBoxes; ++bx) {
             const int key = key_lo + bx * Cfg::kTmaBoxRows;
-            const int row = p.page_size > 0 ? box_page[bx] * p.page_size + key % p.page_size : k0 + key;
+            const int row = p.page_size > 0 ? box_page[bx] * p.page_size + page_pos(key, p.page_div).row
+                                          : k0 + key;
             const uint32_t off = bx * Cfg::kTmaBoxRows * Cfg::kRowPitch;
             tma_load_3d(st + off, &tm_k, 0, hk, row, bar);
             tma_load_3d(st + Cfg::kTileBytes + off, &tm_v, 0, hk, row, bar);
@@ -553,19 +644,35 @@ __global__ void __launch_bounds__(128)
       if (d == 0) p.part_lse[part] = l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
     }
   }
+
+  // In-place merge (16-row CTAs): the last of a (sequence, kv head, row tile)'s split CTAs to
+  // finish merges their partials, instead of a second kernel after the whole grid. Each CTA
+  // publishes its partials (fence, then a counter increment); the one that brings the counter to
+  // num_splits reads them all from L2 and resets the counter, so the next launch (or a CUDA graph
+  // replay) starts from zero again.
+  if constexpr (!kWide) {
+    if (p.num_splits > 1 && p.merge_counters != nullptr) {
+      __threadfence();
+      __syncthreads();
+      int* is_last = reinterpret_cast<int*>(row_l + Cfg::kRows);
+      if (threadIdx.x == 0) {
+        int* counter = p.merge_counters + (int64_t(b) * gridDim.y + blockIdx.y);
+        const bool last = atomicAdd(counter, 1) == p.num_splits - 1;
+        if (last) *counter = 0;
+        *is_last = last;
+      }
+      __syncthreads();
+      if (*is_last) {
+        __threadfence();
+        for (int pr = row0 + warp; pr <= row_hi; pr += Cfg::kWarps)
+          merge_split_row<D, T>(p, b, pr / p.group, hk * p.group + pr % p.group, lane);
+      }
+    }
+  }
 }
 
-// The third and fourth components of a float2 / float4 (0 for a float2: not read).
-__device__ __forceinline__ float vec_z(const float2&) { return 0.0f; }
-__device__ __forceinline__ float vec_w(const float2&) { return 0.0f; }
-__device__ __forceinline__ float vec_z(const float4& x) { return x.z; }
-__device__ __forceinline__ float vec_w(const float4& x) { return x.w; }
-
-// Merges the splits of every (sequence, query token, head) row by LSE, with the sink logit as a
-// partial of value 0. One warp per row, each lane D / 32 elements; rows past a sequence's query
-// count exit. The lanes hold the weights of 32 splits at a time and hand them out by shuffle, so
-// the loads of the splits' partial outputs do not wait on each other (a loop that read each
-// split's LSE before its output ran at L2 latency per split: 17 us for 30 splits).
+// The merge as a kernel of its own (the wide form, and the sm_90 prefill kernel's splits): one warp
+// per (sequence, query token, head) row; rows past a sequence's query count exit.
 template <int D, class T>
 __global__ void __launch_bounds__(128) decode_merge_kernel(const DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -574,81 +681,12 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(const DecodeParams p)
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
   const int64_t per_seq = int64_t(p.max_q_len) * p.num_heads;
   if (row >= per_seq * p.batch) return;
   const int b = static_cast<int>(row / per_seq);
   const int i = static_cast<int>((row / p.num_heads) % p.max_q_len), h = static_cast<int>(row % p.num_heads);
-  const int q0 = p.cu_seqlens_q[b];
-  if (i >= p.cu_seqlens_q[b + 1] - q0) return;
-  const int64_t base = row * p.num_splits;  // == ((b * max_q_len + i) * heads + h) * splits
-  const int n = p.num_splits;
-  float mx = -INFINITY;
-  for (int s = lane; s < n; s += 32) mx = fmaxf(mx, p.part_lse[base + s]);
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  const float sink = p.sink_logits != nullptr ? p.sink_logits[h] : -INFINITY;
-  mx = fmaxf(mx, sink);
-  constexpr int kPer = D / 32;
-  using Vec = std::conditional_t<kPer == 2, float2, float4>;
-  static_assert(kPer == 2 || kPer == 4 || kPer == 8, "D / 32 elements per lane");
-  constexpr int kVecs = kPer * 4 / int(sizeof(Vec));  // Vec loads per lane and split
-  float acc[kPer] = {};
-  float l = 0.0f;
-  // Adds split j's row (its lane's kPer floats, loaded as x) with weight w. A split with nothing
-  // visible has weight 0 and wrote zeros; never let its bytes in.
-  auto add = [&](float w, const Vec (&x)[kVecs]) {
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      const float xs[4] = {x[v].x, x[v].y, vec_z(x[v]), vec_w(x[v])};
-#pragma unroll
-      for (int e = 0; e < int(sizeof(Vec)) / 4; ++e) acc[v * int(sizeof(Vec)) / 4 + e] += w != 0.0f ? w * xs[e] : 0.0f;
-    }
-  };
-  auto load = [&](int64_t split, Vec (&x)[kVecs]) {
-    const Vec* src = reinterpret_cast<const Vec*>(p.part_o + (base + split) * D + lane * kPer);
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) x[v] = src[v];
-  };
-  if (mx != -INFINITY) {
-    for (int c = 0; c < n; c += 32) {
-      const float lse = c + lane < n ? p.part_lse[base + c + lane] : -INFINITY;
-      const float w_lane = lse == -INFINITY ? 0.0f : __expf(lse - mx);
-      l += w_lane;
-      const int m = min(32, n - c);
-      // kBatch splits' loads (64 floats per lane) in flight before any is used: the merge is bound
-      // by their latency (30 splits one group of 4 at a time took 9 us).
-      constexpr int kBatch = 64 / kPer;
-      static_assert(32 % kBatch == 0, "batches end at the 32 splits of a chunk");
-      for (int j = 0; j < m; j += kBatch) {
-        Vec x[kBatch][kVecs];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          if (j + u < m) {
-            load(c + j + u, x[u]);
-          } else {
-#pragma unroll
-            for (int v = 0; v < kVecs; ++v) x[u][v] = Vec{};
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const float w = __shfl_sync(0xffffffffu, w_lane, j + u);  // j + u < 32: kBatch divides 32
-          add(j + u < m ? w : 0.0f, x[u]);
-        }
-      }
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
-    if (sink != -INFINITY) l += __expf(sink - mx);
-  }
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  T* orow = static_cast<T*>(p.o) + int64_t(q0 + i) * p.o_row_stride + h * p.o_head_stride + lane * kPer;
-  using OM = MmaType<T>;
-#pragma unroll
-  for (int e = 0; e < kPer; e += 2) *reinterpret_cast<uint32_t*>(orow + e) = OM::pack(acc[e] * inv, acc[e + 1] * inv);
-  if (lane == 0 && p.lse != nullptr)
-    p.lse[int64_t(q0 + i) * p.num_heads + h] = l > 0.0f ? mx + __logf(l) : -INFINITY;
+  if (i >= p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]) return;
+  merge_split_row<D, T>(p, b, i, h, threadIdx.x % 32);
 }
 
 }  // namespace escala::attn::cuda

@@ -37,7 +37,7 @@ cudaError_t launch_decode(const DecodeParams& p, const KvMaps& maps, cudaStream_
                   static_cast<unsigned>(p.batch));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps.k, maps.v);
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess || p.num_splits == 1) return e;
+  if (e != cudaSuccess || p.num_splits == 1 || (!kWide && p.merge_counters != nullptr)) return e;
   return launch_merge<D, T>(p, stream);
 }
 

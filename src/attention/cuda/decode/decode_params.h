@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "attention/cuda/page_pos.h"
 #include "attention/variant.h"
 
 namespace escala::attn::cuda {
@@ -28,6 +29,7 @@ struct DecodeParams {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   int32_t page_size = 0;  // 0: contiguous
+  PageDivisor page_div;  // page_size as a divisor (page_pos.h)
   const int32_t* page_indptr = nullptr;
   const int32_t* page_indices = nullptr;
   const float* k_scale = nullptr;  // quantized formats only
@@ -54,6 +56,9 @@ struct DecodeParams {
   // head_dim] and LSE (natural log, no sink logit) [batch, max_q_len, heads, splits].
   float* part_o = nullptr;
   float* part_lse = nullptr;
+  // One int per (sequence, kv head, row tile), zero between launches: with num_splits > 1 and
+  // 16-row CTAs, the last split CTA to finish merges (null: the merge kernel does).
+  int32_t* merge_counters = nullptr;
 };
 
 }  // namespace escala::attn::cuda

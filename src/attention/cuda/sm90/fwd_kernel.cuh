@@ -17,6 +17,7 @@
 
 #include "attention/cuda/fwd_params.h"
 #include "attention/cuda/online_softmax.cuh"
+#include "attention/cuda/page_pos.h"
 #include "attention/cuda/sm80/ptx.cuh"
 #include "attention/cuda/sm90/ptx90.cuh"
 #include "attention/cuda/sm90/wgmma_ops.cuh"
@@ -213,15 +214,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // 0.335 -> 0.375 ms.)
             constexpr int kMaxBoxes = BN / 16;
             const int boxes = BN / p.kv_box_rows;
-            const int last_page = (it.kv_len - 1) / p.page_size;
+            const int last_page = page_pos(it.kv_len - 1, p.page_div).page;
             const int32_t* pages = p.page_indices + p.page_indptr[it.b];
             int rows[kMaxBoxes];
 #pragma unroll
             for (int j = 0; j < kMaxBoxes; ++j) {
               if (j < boxes) {
                 const int kr = k_lo + j * p.kv_box_rows;
-                const int lp = min(kr / p.page_size, last_page);
-                rows[j] = pages[lp] * p.page_size + kr % p.page_size;
+                const PagePos pos = page_pos(kr, p.page_div);
+                rows[j] = pages[min(pos.page, last_page)] * p.page_size + pos.row;
               }
             }
             mbar_wait(empty_k(s), phase ^ 1);
