@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(128)
     float alpha[2];
     softmax_update<kNT>(s, row_max, row_sum, p.scale_log2, alpha);
     // Once the running max settles (most tiles of a long row), alpha is exactly 1: skip the pass.
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_rows<kDT>(o, alpha);
+    if (warp_needs_rescale(alpha)) rescale_rows<kDT>(o, alpha);
     if constexpr (kQuant) {
       const float* vs = reinterpret_cast<const float*>(sk + 2 * Cfg::kTileBytes) + Cfg::kKeys;
 #pragma unroll

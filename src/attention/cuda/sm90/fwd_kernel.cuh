@@ -71,6 +71,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   using T = typename Cfg::T;
   constexpr int DQK = Cfg::DQK, DV = Cfg::DV, BM = Cfg::BM, BN = Cfg::BN, S = Cfg::kStages;
   constexpr int kNT = BN / 8, kDT = DV / 8;
+  // The conditional O rescale (online_softmax.cuh) pays where O is widest.
+  constexpr bool kLazyRescale = DV > 128;
   constexpr int kProducerRegs = kSplitPaged ? Cfg::kSplitProducerRegs : Cfg::kProducerRegs;
   constexpr int kConsumerRegs = kSplitPaged ? Cfg::kSplitConsumerRegs : Cfg::kConsumerRegs;
   extern __shared__ uint8_t smem_raw[];
@@ -329,7 +331,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int k_lo = tile_of(it, i) * BN;
       transform_and_mask(sacc, p, !tile_fully_visible(p.mask, it.qp_min, it.qp_max, k_lo, BN, it.kv_len), qpos0,
                          k_lo, it.kv_len, t4);
-      softmax_update(sacc, row_max, row_sum, p.scale_log2, alpha);
+      softmax_update<kNT, kLazyRescale>(sacc, row_max, row_sum, p.scale_log2, alpha);
     };
     // Paged K/V: the V rows of tile i past the sequence's end hold whatever the pool has there
     // (NaN patterns included), which a zero probability would not cancel; both consumer
@@ -385,7 +387,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         reg_fence(o_acc);
         reg_fence_u32(pf);
         mbar_arrive(empty_v(sp));
-        rescale_rows(o_acc, alpha);
+        if (!kLazyRescale || warp_needs_rescale(alpha)) rescale_rows(o_acc, alpha);
         pack_p<T>(sacc, pf);
       }
       const int last = kv_iter + n_tiles - 1, sl = last % S;
