@@ -358,6 +358,41 @@ TEST(DecodeCuda, SplitCountsAndEmptyRows) {
   }
 }
 
+// The split merge counts finished CTAs in the workspace: a caller's workspace full of garbage
+// (zeroed by the launcher), and the library's own counters after many calls, give the same bits as
+// a fresh run, call after call.
+TEST(DecodeCuda, MergeCountersInCallerAndLibraryWorkspaces) {
+  DecCase c;
+  c.page_size = 16, c.h = 8, c.hk = 2, c.splits = 5, c.seed = 450;
+  c.q_lens = {1, 1, 1}, c.kv_lens = {300, 2000, 1};
+  Problem pr = make_problem(c);
+  KvData kv = store_kv(pr.kf, pr.vf, c.kv_lens, c.hk, c.d, c.kv, c.page_size, 79);
+  DeviceProblem dp;
+  to_device(c, pr, kv, dp);
+  attn::CudaOptions own;
+  own.impl = attn::Impl::kDecode, own.num_splits = c.splits;
+  const RunResult first = run_gpu(dp.g, pr.tq, dp.d_o, dp.d_lse, own);
+  attn::CudaOptions theirs = own;
+  const size_t ws_bytes = attn::decode_workspace_bytes(dp.g, 1, c.splits);
+  DeviceBuffer ws(ws_bytes);
+  theirs.workspace = ws.get(), theirs.workspace_bytes = ws_bytes;
+  for (int round = 0; round < 3; ++round) {
+    GPU_CHECK(cudaMemset(ws.get(), 0xab, ws_bytes));
+    const RunResult a = run_gpu(dp.g, pr.tq, dp.d_o, dp.d_lse, theirs);
+    const RunResult b = run_gpu(dp.g, pr.tq, dp.d_o, dp.d_lse, own);
+    EXPECT_TRUE(a.o == first.o && b.o == first.o) << "round " << round;
+    EXPECT_EQ(std::memcmp(a.lse.data(), first.lse.data(), first.lse.size() * 4), 0) << "round " << round;
+    EXPECT_EQ(std::memcmp(b.lse.data(), first.lse.data(), first.lse.size() * 4), 0) << "round " << round;
+  }
+  // And the first result is right, not only repeatable.
+  std::vector<float> o_ref, lse_ref;
+  AttentionParams hp = base_params(c, pr);
+  kv.bind(hp, c.page_size, false);
+  hp.k_head_stride = hp.v_head_stride = c.d;
+  reference_over_stored_kv(hp, o_ref, lse_ref);
+  compare_outputs(first.o, first.lse, o_ref, lse_ref, c.dt, kTolBf16, 8e-3, c.h, c.d);
+}
+
 TEST(DecodeCuda, LongSequences) {
   DecCase c;
   c.h = 32, c.hk = 8, c.page_size = 16, c.seed = 500;
