@@ -137,7 +137,7 @@ int row_tiles(const AttentionParams& p, int max_q_len) {
 // merge's counters, rounded up to 256 bytes so that the partials stay aligned.
 size_t decode_counter_bytes(const AttentionParams& p, int max_q_len) {
   if (p.num_kv_heads < 1 || p.num_heads < 1 || max_q_len < 1) return 0;
-  const size_t units = size_t(std::max(p.batch, 0)) * std::max(p.num_kv_heads, 0) * row_tiles(p, max_q_len);
+  const size_t units = size_t(std::max(p.batch, 0)) * p.num_kv_heads * row_tiles(p, max_q_len);
   return (units * sizeof(int32_t) + 255) / 256 * 256;
 }
 

@@ -341,7 +341,8 @@ __global__ void __launch_bounds__(128)
     // Rows past the end: zeros (cp.async) or a copy of the last row (bulk), masked either way.
     return kpos < kv_len ? kpos : (kBulk ? kv_len - 1 : kv_len);
   };
-  auto page_of = [&](int key) { return p.page_size > 0 && key >= 0 && key < kv_len ? pages[page_pos(key, p.page_div).page] : 0;
+  auto page_of = [&](int key) {
+    return p.page_size > 0 && key >= 0 && key < kv_len ? pages[page_pos(key, p.page_div).page] : 0;
   };
   int32_t next_page = page_of(lane_key(0));
 
