@@ -386,10 +386,7 @@ TEST(DecodeCuda, MergeCountersInCallerAndLibraryWorkspaces) {
   }
   // And the first result is right, not only repeatable.
   std::vector<float> o_ref, lse_ref;
-  AttentionParams hp = base_params(c, pr);
-  kv.bind(hp, c.page_size, false);
-  hp.k_head_stride = hp.v_head_stride = c.d;
-  reference_over_stored_kv(hp, o_ref, lse_ref);
+  reference(c, pr, kv, o_ref, lse_ref);
   compare_outputs(first.o, first.lse, o_ref, lse_ref, c.dt, kTolBf16, 8e-3, c.h, c.d);
 }
 
@@ -456,10 +453,7 @@ TEST(DecodeCuda, CudaGraphReplaysWithNewLengths) {
     for (int b = 0; b < 3; ++b) p2.cu_k[b + 1] = p2.cu_k[b] + lens[b];
     // The reference sees the same pages: keep the page table, shorten the lengths.
     std::vector<float> o_ref, lse_ref;
-    AttentionParams hp = base_params(cc, p2);
-    kv.bind(hp, c.page_size, false);
-    hp.k_head_stride = hp.v_head_stride = c.d;
-    reference_over_stored_kv(hp, o_ref, lse_ref);
+    reference(cc, p2, kv, o_ref, lse_ref);
 
     dp.dck.upload(p2.cu_k);
     GPU_CHECK(cudaMemset(dp.d_o.get(), 0xff, dp.d_o.bytes()));
