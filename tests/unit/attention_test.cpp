@@ -1,6 +1,7 @@
 // Property tests: every CPU kernel against the double-precision reference on fresh random inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "attention/reference.h"
@@ -30,7 +31,13 @@ void check_against_reference(const AttnCase& c, Impl impl, uint32_t seed, int nu
   rp.o_dtype = DType::kF32;
   attn::attention_reference(rp);
 
-  const Tolerance tol = tolerance_for(c.o_dtype);
+  // The int8 decode path rounds queries and softmax weights to 16 bits (attention_case.h): its own,
+  // f16-class tolerance where the output type's is tighter.
+  const bool int8_decode = impl == Impl::kDecode && c.kv_dtype == DType::kI8;
+  Tolerance tol = tolerance_for(c.o_dtype);
+  if (int8_decode)
+    tol = {std::max(tol.atol, kInt8DecodeTolerance.atol), std::max(tol.rtol, kInt8DecodeTolerance.rtol)};
+  const double lse_tol = int8_decode ? std::max(kLseTolerance, kInt8DecodeLseTolerance) : kLseTolerance;
   int bad = 0;
   for (size_t i = 0; i < ref.size() && bad < 5; ++i) {
     const float got = output_at(o, c.o_dtype, int64_t(i));
@@ -42,7 +49,7 @@ void check_against_reference(const AttnCase& c, Impl impl, uint32_t seed, int nu
   }
   for (size_t i = 0; i < ref_lse.size() && bad < 5; ++i) {
     const bool both_empty = std::isinf(ref_lse[i]) && ref_lse[i] < 0 && std::isinf(lse[i]) && lse[i] < 0;
-    if (!both_empty && !(std::fabs(double(lse[i]) - ref_lse[i]) <= kLseTolerance * (1 + std::fabs(ref_lse[i])))) {
+    if (!both_empty && !(std::fabs(double(lse[i]) - ref_lse[i]) <= lse_tol * (1 + std::fabs(ref_lse[i])))) {
       ++bad;
       ADD_FAILURE() << "LSE[" << i << "] = " << lse[i] << ", reference " << ref_lse[i] << " (seed " << seed << ")";
     }
@@ -100,6 +107,18 @@ TEST_P(AttentionProperty, RandomCasesMatchReference) {
                                       << " rope=" << c.rope);
     check_against_reference(c, impl, seed);
     if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// Seeds the property test once failed on, replayed every run. 3351536332: int8 K/V through the
+// decode kernel, d = 256, GQA 24/3, window 50, soft-cap 26, f32 output (CI, 2026-11-29): 2.5e-5
+// off on outputs near 7e-4, inside the int8 path's tolerance but not the f32 output's.
+TEST(Attention, PropertyRegressionSeeds) {
+  for (uint32_t seed : {3351536332u}) {
+    std::mt19937 case_rng(seed);
+    const AttnCase c = random_case(case_rng, true);
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    check_against_reference(c, Impl::kDecode, seed);
   }
 }
 
