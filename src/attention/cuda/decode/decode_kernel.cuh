@@ -586,9 +586,7 @@ __global__ void __launch_bounds__(128)
   float* row_l = row_m + Cfg::kRows;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float l = row_total(row_sum[r]);
     if (t4 == 0) sm_max[warp * 16 + g + 8 * r] = row_max[r], sm_sum[warp * 16 + g + 8 * r] = l;
   }
   __syncthreads();
