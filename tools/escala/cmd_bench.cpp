@@ -144,19 +144,17 @@ void run_decode(bool quick, int threads, const bench::Rate& bw, attn::CpuOptions
                               {"paged(16) fp8", DType::kFp8E4M3, 16},
                               {"contiguous int8", DType::kI8, 0}};
   constexpr int kBase = 0, kPaged = 1, kInt8Paged = 2, kInt8Contig = 4;
-  std::vector<Problem> problems;
   std::vector<std::unique_ptr<Inputs>> inputs;
   std::vector<std::function<void()>> calls;
   opt.impl = attn::Impl::kDecode;
   for (const auto& var : variants) {
-    problems.push_back(
-        Problem{.h = 32, .h_kv = 8, .d = 128, .q_len = 1, .kv_len = TK, .kv_dtype = var.kv, .page_size = var.page});
-    inputs.push_back(std::make_unique<Inputs>(problems.back(), rng));
+    const Problem pd{.h = 32, .h_kv = 8, .d = 128, .q_len = 1, .kv_len = TK, .kv_dtype = var.kv, .page_size = var.page};
+    inputs.push_back(std::make_unique<Inputs>(pd, rng));
     calls.push_back([&, dp = inputs.back()->params()] { (void)attn::attention(dp, opt); });
   }
   const std::vector<bench::Times> t = bench::interleaved_median_times(quick ? 5 : 15, threads, calls);
   for (size_t i = 0; i < calls.size(); ++i) {
-    const double gbs = decode_bytes(problems[i]) / t[i].wall * 1e-9, gbs_cpu = decode_bytes(problems[i]) / t[i].cpu * 1e-9;
+    const double bytes = decode_bytes(inputs[i]->pr), gbs = bytes / t[i].wall * 1e-9, gbs_cpu = bytes / t[i].cpu * 1e-9;
     std::printf("decode   T=%d GQA 32/8 d=128 %-16s %8.3f ms  %7.2f GB/s  %5.1f%% of read bandwidth  %5.2fx contiguous "
                 "bf16 speed  | CPU clock: %7.2f GB/s %5.1f%% %5.2fx\n",
                 TK, variants[i].name, t[i].wall * 1e3, gbs, 100 * gbs / bw.wall, t[kBase].wall / t[i].wall, gbs_cpu,
