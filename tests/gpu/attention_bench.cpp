@@ -1,5 +1,6 @@
 // Benchmark mode of the GPU test binary: `escala_gpu_tests --bench [--reps N] [--arch sm80|sm90] SPEC...` where SPEC is
-// name,B=..,S=..[,Sk=..],h=..,hk=..,d=..[,dv=..][,causal=1][,wl=..][,wr=..][,sinks=..][,dtype=bf16|f16].
+// name,B=..,S=..[,Sk=..],h=..,hk=..,d=..[,dv=..][,causal=1][,wl=..][,wr=..][,sinks=..][,dtype=bf16|f16]
+// [,rows=128|192] (the sm_90 kernel's query tile at d <= 64; default: its cost model).
 // Fresh random inputs per shape (never zeros), CUDA events around each launch, median of N.
 // FLOPs = 2 * (d + dv) * (visible (query, key) pairs) * h * B: only pairs the mask lets through count.
 #include <cuda_runtime.h>
@@ -22,7 +23,7 @@ namespace {
 
 struct Shape {
   std::string name;
-  int B = 1, S = 1024, Sk = 0, h = 16, hk = 16, d = 128, dv = 0, wl = -1, wr = -1, sinks = 0;
+  int B = 1, S = 1024, Sk = 0, h = 16, hk = 16, d = 128, dv = 0, wl = -1, wr = -1, sinks = 0, rows = 0;
   bool causal = false;
   DType dt = DType::kBF16;
 };
@@ -46,6 +47,7 @@ bool parse_shape(const std::string& spec, Shape& s) {
     else if (k == "wl") s.wl = x;
     else if (k == "wr") s.wr = x;
     else if (k == "sinks") s.sinks = x;
+    else if (k == "rows") s.rows = x;
     else return false;
     return true;
   });
@@ -136,7 +138,7 @@ int run_bench(int argc, char** argv) {
     bool failed = false;
     for (int r = 0; r < reps + 3 && !failed; ++r) {
       GPU_CHECK(cudaEventRecord(e0, stream));
-      const Status st = attn::cuda::attention_cuda_arch(p, stream, opt, arch);
+      const Status st = attn::cuda::attention_cuda_arch(p, stream, opt, arch, s.rows);
       GPU_CHECK(cudaEventRecord(e1, stream));
       if (!st.ok()) {
         std::printf("BENCH name=%s error=\"%s\"\n", s.name.c_str(), st.message().c_str());

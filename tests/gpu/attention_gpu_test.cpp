@@ -146,13 +146,28 @@ void check_case(const Case& c) {
   attn::CudaOptions opt;
   if (c.host_seqlens) opt.host_cu_seqlens_q = cu_q.data(), opt.host_cu_seqlens_k = cu_k.data();
 
+  // Each kernel; at head dims <= 64 the sm_90 kernel in both query-tile heights (128 and 192 rows),
+  // whichever its cost model would pick for this case.
+  struct Kernel {
+    attn::cuda::KernelArch arch;
+    int tile_rows;
+  };
+  std::vector<Kernel> kernels;
   for (attn::cuda::KernelArch arch : device_archs()) {
-    SCOPED_TRACE(arch == attn::cuda::KernelArch::kSm90 ? "kernel sm90" : "kernel sm80");
+    if (arch == attn::cuda::KernelArch::kSm90 && std::max(d, d_v) <= 64)
+      kernels.push_back({arch, 128}), kernels.push_back({arch, 192});
+    else
+      kernels.push_back({arch, 0});
+  }
+  for (const Kernel& kernel : kernels) {
+    const attn::cuda::KernelArch arch = kernel.arch;
+    SCOPED_TRACE(arch == attn::cuda::KernelArch::kSm90 ? "kernel sm90, tile rows " + std::to_string(kernel.tile_rows)
+                                                       : std::string("kernel sm80"));
     Outputs run[2];
     for (auto& r : run) {
       GPU_CHECK(cudaMemset(d_o.get(), 0xff, d_o.bytes()));    // NaN in f16 and bf16
       GPU_CHECK(cudaMemset(d_lse.get(), 0xff, d_lse.bytes()));  // NaN
-      const Status st = attn::cuda::attention_cuda_arch(g, nullptr, opt, arch);
+      const Status st = attn::cuda::attention_cuda_arch(g, nullptr, opt, arch, kernel.tile_rows);
       ASSERT_TRUE(st.ok()) << st.message();
       GPU_CHECK(cudaDeviceSynchronize());
       GPU_CHECK(cudaGetLastError());

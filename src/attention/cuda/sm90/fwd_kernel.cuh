@@ -1,13 +1,14 @@
 // The Hopper (sm_90a) prefill kernel, FlashAttention-3 design: a persistent grid (one CTA per SM)
-// of three warpgroups that take (sequence, head, 128-query tile) work items from a global counter,
-// longest tiles first. Warpgroup 0 is the producer: one thread fetches the next item, hands it to
-// the consumers through a two-slot ring in shared memory, and issues TMA loads of Q and of the K/V
-// tiles into a kStages-deep shared-memory ring, completed on mbarriers; it gives its registers
-// away with setmaxnreg. Warpgroups 1 and 2 are consumers, 64 query rows each: S = Q Kᵀ with wgmma
-// (both operands in shared memory, 128-byte swizzle), online softmax on the accumulators in
-// registers, O += P V with wgmma (P from registers, V N-major in shared memory), then release the
-// stage; the softmax of tile i overlaps P V of tile i-1, the epilogue of one item overlaps the
-// loads of the next, and the two consumers take turns issuing GEMMs (ping-pong, named barriers).
+// of a producer and two or three consumer warpgroups that take (sequence, head, query tile) work
+// items from a global counter, longest tiles first. Warpgroup 0 is the producer: one thread fetches
+// the next item, hands it to the consumers through a two-slot ring in shared memory, and issues TMA
+// loads of Q and of the K/V tiles into a kStages-deep shared-memory ring, completed on mbarriers; it
+// gives its registers away with setmaxnreg. The other warpgroups are consumers, 64 query rows each:
+// S = Q Kᵀ with wgmma (both operands in shared memory, 128-byte swizzle), online softmax on the
+// accumulators in registers, O += P V with wgmma (P from registers, V N-major in shared memory),
+// then release the stage; the softmax of tile i overlaps P V of tile i-1, the epilogue of one item
+// overlaps the loads of the next, and the consumers take turns issuing GEMMs (ping-pong, named
+// barriers).
 #pragma once
 
 #include <cuda.h>
@@ -26,16 +27,21 @@
 namespace escala::attn::cuda {
 
 // DQK / DV: tile widths of Q·K and of V / O (multiples of 64: the TMA box and swizzle width). A
-// head dim below the width (96 in a 128-wide tile) is read as zero-padded by TMA.
-template <class T_, int DQK_, int DV_, int BN_, int Stages_>
+// head dim below the width (96 in a 128-wide tile) is read as zero-padded by TMA. Consumers: the
+// consumer warpgroups, 64 query rows each (3 at d = 64 as FlashAttention-3: there the softmax's
+// exp2 costs as much as the two GEMMs, and a third warpgroup has its softmax run under the other
+// two's GEMMs).
+template <class T_, int DQK_, int DV_, int BN_, int Stages_, int Consumers_ = 2>
 struct Sm90Config {
   using T = T_;
   static constexpr int DQK = DQK_;
   static constexpr int DV = DV_;
-  static constexpr int BM = 128;  // two consumer warpgroups x 64 rows
+  static constexpr int kConsumers = Consumers_;
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int BM = 64 * kConsumers;
   static constexpr int BN = BN_;
   static constexpr int kStages = Stages_;
-  static constexpr int kThreads = 384;
+  static constexpr int kThreads = 128 + kConsumerThreads;
   static constexpr int kChunksQK = DQK / 64;  // 128-byte column blocks
   static constexpr int kChunksV = DV / 64;
   static constexpr int kQBytes = BM * DQK * 2;
@@ -46,17 +52,22 @@ struct Sm90Config {
   static constexpr int kSmemBytes = kBarOffset + 256 + 1024;  // barriers, slots, alignment slack
   static_assert(8 * (6 + 4 * Stages_) <= 192, "barrier area");
   static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 16 == 0, "tile shape");
+  static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-  // setmaxnreg moves registers within what the launch gave the CTA (168 x 384, from the launch
-  // bounds): a consumer's setmaxnreg.inc waits for the producer's registers, so a sum above that
-  // never completes. 24 leaves the producer thread some spills (per item, cheap).
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads, "register budget");
+  // setmaxnreg moves registers within what the launch gave the CTA (65536 / kThreads each, rounded
+  // down to 8, from the launch bounds: 168 at 384 threads, 128 at 512): a consumer's setmaxnreg.inc
+  // waits for the producer's registers, so a sum above that never completes. 24 leaves the
+  // producer thread some spills (per item, cheap).
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs * kThreads, "register budget");
   // The paged/split variant's producer holds a tile's page rows and its split bounds: at 24
   // registers the d = 128 kernel spilled 180 bytes (ptxas), at 56 (consumers 224) 12. At d = 256
   // the consumers need more: 40 / 232 spills least there (200 bytes, against 292 at 24 / 240).
+  // (Two consumer warpgroups only: the launcher gives that variant a two-warpgroup config.)
   static constexpr int kSplitProducerRegs = DV > 128 ? 40 : 56, kSplitConsumerRegs = DV > 128 ? 232 : 224;
-  static_assert(128 * kSplitProducerRegs + 256 * kSplitConsumerRegs <= 168 * kThreads, "register budget");
+  static_assert(kConsumers != 2 || 128 * kSplitProducerRegs + 256 * kSplitConsumerRegs <= kLaunchRegs * kThreads,
+                "register budget");
 };
 
 // kSplitPaged: the variant for paged K/V and split-KV (the plain variant has neither, so their
@@ -96,16 +107,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int tid = threadIdx.x;
   if (tid == 0) {
     mbar_init(q_full, 1);
-    mbar_init(q_empty, 256);
+    mbar_init(q_empty, Cfg::kConsumerThreads);
     for (int s = 0; s < S; ++s) {
       mbar_init(full_k(s), 1);
       mbar_init(full_v(s), 1);
-      mbar_init(empty_k(s), 256);
-      mbar_init(empty_v(s), 256);
+      mbar_init(empty_k(s), Cfg::kConsumerThreads);
+      mbar_init(empty_v(s), Cfg::kConsumerThreads);
     }
     for (int s = 0; s < 2; ++s) {
       mbar_init(item_full(s), 1);
-      mbar_init(item_empty(s), 256);
+      mbar_init(item_empty(s), Cfg::kConsumerThreads);
     }
     mbar_init_fence();
   }
@@ -292,10 +303,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma_commit();
   };
 
-  // Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barriers 1 and
-  // 2), so one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores. Both walk
-  // the same items, so both have the same number of issue points; warpgroup 0 goes first without
-  // waiting and absorbs warpgroup 1's last hand-over after the loop.
+  // Ping-pong: the consumer warpgroups take turns issuing their GEMMs (warpgroup c waits on named
+  // barrier 1 + c, then arrives on its successor's), so one warpgroup's softmax runs while the
+  // others' GEMMs occupy the tensor cores. All walk the same items, so all have the same number of
+  // issue points; warpgroup 0 goes first without waiting and absorbs the last warpgroup's final
+  // hand-over after the loop.
   bool first_turn = true;
   auto take_turn = [&] {
     if (cw == 0 && first_turn) {
@@ -304,11 +316,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     first_turn = false;
     if (cw == 0) named_bar_sync<1, 256>();
-    else named_bar_sync<2, 256>();
+    else if (Cfg::kConsumers == 2 || cw == 1) named_bar_sync<2, 256>();
+    else named_bar_sync<3, 256>();
   };
   auto pass_turn = [&] {
     if (cw == 0) named_bar_arrive<2, 256>();
-    else named_bar_arrive<1, 256>();
+    else if (Cfg::kConsumers == 2 || cw == 2) named_bar_arrive<1, 256>();
+    else named_bar_arrive<3, 256>();
   };
 
   int kv_iter = 0, q_iter = 0, item_iter = 0;
@@ -342,12 +356,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (valid >= BN) return;
       const int per_chunk = (BN - valid) * 8;  // 16-byte units
       uint8_t* v_stage = smem_raw + (sV - raw) + s * Cfg::kVTileBytes;
-      for (int u = tid - 128; u < Cfg::kChunksV * per_chunk; u += 256) {
+      for (int u = tid - 128; u < Cfg::kChunksV * per_chunk; u += Cfg::kConsumerThreads) {
         const int c = u / per_chunk, r = u % per_chunk;
         *reinterpret_cast<uint4*>(v_stage + c * BN * 128 + valid * 128 + r * 16) = make_uint4(0, 0, 0, 0);
       }
       fence_proxy_async();
-      named_bar_sync<3, 256>();
+      named_bar_sync<Cfg::kConsumers + 1, Cfg::kConsumerThreads>();
     };
 
     if (n_tiles > 0) {
@@ -410,7 +424,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     else
       store_output<T>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + row_in_tile, it.h, t4);
   }
-  if (cw == 0 && !first_turn) named_bar_sync<1, 256>();  // warpgroup 1's last hand-over
+  if (cw == 0 && !first_turn) named_bar_sync<1, 256>();  // the last warpgroup's final hand-over
 #endif
 }
 

@@ -12,14 +12,10 @@
 
 namespace escala::attn::cuda {
 
-template <class Cfg>
-cudaError_t launch_fwd_sm90(FwdParams p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
-  // Paged K/V or split-KV: the kSplitPaged variant, instantiated for the square head dims the merge
-  // kernel has (64, 128, 256); the dispatcher sends nothing else there.
-  constexpr bool kHasSplitPaged = Cfg::DQK == Cfg::DV && Cfg::DQK != 192;
-  const bool split_paged = p.page_size > 0 || p.num_splits > 1;
-  if (split_paged && !kHasSplitPaged) return cudaErrorInvalidValue;
-  auto kernel = split_paged ? fwd_sm90_kernel<Cfg, kHasSplitPaged> : fwd_sm90_kernel<Cfg, false>;
+// One variant (dense, or paged/split-KV) of the kernel for config Cfg.
+template <class Cfg, bool kSplitPaged>
+cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
+  auto kernel = fwd_sm90_kernel<Cfg, kSplitPaged>;
   // A build without sm_90a code (e.g. CMAKE_CUDA_ARCHITECTURES=80) has an empty body here: refuse,
   // so that the dispatcher falls back to the sm_80 kernel.
   cudaFuncAttributes attr{};
@@ -62,6 +58,22 @@ cudaError_t launch_fwd_sm90(FwdParams p, bool bf16, const Sm90Extents& e, cudaSt
   const dim3 grid(static_cast<unsigned>(ctas));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv);
   return cudaGetLastError();
+}
+
+// Dense inputs run the plain variant; paged K/V or split-KV the kSplitPaged one, instantiated for
+// the square head dims the merge kernel has (64, 128, 256); the dispatcher sends nothing else there.
+template <class Cfg>
+cudaError_t launch_fwd_sm90(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
+  constexpr bool kHasSplitPaged = Cfg::DQK == Cfg::DV && Cfg::DQK != 192;
+  if (p.page_size > 0 || p.num_splits > 1) {
+    if constexpr (kHasSplitPaged) {
+      static_assert(Cfg::kConsumers == 2, "the paged/split variant's register split assumes two consumers");
+      return launch_fwd_sm90_variant<Cfg, true>(p, bf16, e, stream);
+    } else {
+      return cudaErrorInvalidValue;
+    }
+  }
+  return launch_fwd_sm90_variant<Cfg, false>(p, bf16, e, stream);
 }
 
 }  // namespace escala::attn::cuda

@@ -17,6 +17,8 @@ struct Sm90Extents {
   int64_t total_q = 0;
   int64_t total_kv = 0;
   int num_kv_heads = 0;
+  // Head dims <= 64, dense inputs: query rows per tile, 128 or 192 (0: chosen by a cost model).
+  int tile_rows = 0;
 };
 
 // A 3-D tensor map over [rows][heads][d] (strides in elements), box [box_rows][1][64] with the

@@ -1,9 +1,52 @@
 // sm_90a prefill kernel instantiations for head dim 64 (bf16 and fp16).
+#include <algorithm>
+
 #include "attention/cuda/sm90/fwd_launch.cuh"
+#include "attention/cuda/tile_range.cuh"
 
 namespace escala::attn::cuda {
+namespace {
+
+// Query rows per tile for dense inputs: 192 (three consumer warpgroups, FlashAttention-3's d = 64
+// tile) where its higher throughput pays for its padding rows and its wider diagonal. The cost of
+// a tile height is the makespan of its items on the persistent grid, in 128-row x 128-key tile
+// times: the larger of the total work over the SMs and the longest item. A 192-row tile takes
+// 192 / 128 / kGain of that time: the 192-row kernel did 12-16% more row x key tiles per second
+// than the 128-row one on the H200 (one A/B run, session 7: S = 1k non-causal 3% faster although it
+// visits 12.5% more tiles, S = 4k / 16k 5-14% faster) and lost 11% at S = 1k causal, where it
+// visits 6144 row-tiles against 4608.
+int dense_tile_rows(const FwdParams& p, const Sm90Extents& e) {
+  if (e.tile_rows != 0) return e.tile_rows;
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    sms = 132;
+  const int64_t shift = int64_t(e.max_kv_len) - e.max_q_len;
+  constexpr double kGain = 1.15;
+  auto makespan = [&](int bm) {
+    int64_t tiles = 0, longest = 0;
+    for (int m0 = 0; m0 < e.max_q_len; m0 += bm) {
+      const int64_t qp_max = std::min(m0 + bm, e.max_q_len) - 1 + shift;
+      const int64_t n = tile_range(p.mask, m0 + shift, qp_max, e.max_kv_len, 128).count();
+      tiles += n, longest = std::max(longest, n);
+    }
+    const double per_tile = bm == 192 ? 1.5 / kGain : 1.0;
+    return std::max(double(tiles) * p.batch * p.num_heads / sms, double(longest)) * per_tile;
+  };
+  return makespan(192) < makespan(128) ? 192 : 128;
+}
+
+template <class T>
+cudaError_t launch_hd64(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
+  using Rows128 = Sm90Config<T, 64, 64, 128, 2>;
+  using Rows192 = Sm90Config<T, 64, 64, 128, 2, 3>;
+  const bool dense = p.page_size == 0 && p.num_splits <= 1;
+  if (dense && dense_tile_rows(p, e) == 192) return launch_fwd_sm90_variant<Rows192, false>(p, bf16, e, stream);
+  return launch_fwd_sm90<Rows128>(p, bf16, e, stream);
+}
+
+}  // namespace
+
 cudaError_t run_fwd_sm90_hd64(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
-  return bf16 ? launch_fwd_sm90<Sm90Config<__nv_bfloat16, 64, 64, 128, 2>>(p, bf16, e, stream)
-              : launch_fwd_sm90<Sm90Config<__half, 64, 64, 128, 2>>(p, bf16, e, stream);
+  return bf16 ? launch_hd64<__nv_bfloat16>(p, bf16, e, stream) : launch_hd64<__half>(p, bf16, e, stream);
 }
 }  // namespace escala::attn::cuda
