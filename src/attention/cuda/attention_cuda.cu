@@ -258,11 +258,11 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
     } else {
       // The library's own: counters kept zero between launches, so no memset per call.
       static cuda::DeviceScratch scratch;
-      static cuda::ZeroedCounters counters;
+      static cuda::DeviceScratch counters(/*zeroed=*/true);
       ws = static_cast<uint8_t*>(scratch.get(bytes, e));
       if (ws == nullptr) return cuda_error("allocating the decode workspace", e);
       if (in_place) {
-        k.merge_counters = counters.get(counter_bytes / sizeof(int32_t), e);
+        k.merge_counters = static_cast<int32_t*>(counters.get(counter_bytes, e));
         if (k.merge_counters == nullptr) return cuda_error("allocating the decode merge counters", e);
       }
     }

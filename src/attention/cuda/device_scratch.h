@@ -12,8 +12,12 @@
 
 namespace escala::attn::cuda {
 
+// Zeroed: every (re)allocation is zeroed, and the kernels that use the buffer leave it zero again
+// (the decode kernel's in-place merge counters), so it is zero whenever no kernel is running.
 class DeviceScratch {
  public:
+  explicit DeviceScratch(bool zeroed = false) : zeroed_(zeroed) {}
+
   // At least `bytes` of device memory; nullptr (and the error in `err`) when allocation fails.
   void* get(size_t bytes, cudaError_t& err) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -22,45 +26,22 @@ class DeviceScratch {
       if (buf_) cudaFree(buf_);
       buf_ = nullptr, size_ = 0;
       err = cudaMalloc(&buf_, bytes);
-      if (err != cudaSuccess) return nullptr;
+      if (err == cudaSuccess && zeroed_) err = cudaMemset(buf_, 0, bytes);
+      if (err != cudaSuccess) {
+        if (buf_) cudaFree(buf_);
+        buf_ = nullptr;
+        return nullptr;
+      }
       size_ = bytes;
     }
     return buf_;
   }
 
  private:
+  const bool zeroed_;
   std::mutex mu_;
   void* buf_ = nullptr;
   size_t size_ = 0;
-};
-
-// Device int32 counters that are zero whenever no kernel is running: zeroed once when (re)allocated,
-// and every kernel that counts in them resets what it used (the decode kernel's in-place merge).
-// Grown on demand and kept; growing is not capturable.
-class ZeroedCounters {
- public:
-  int32_t* get(size_t count, cudaError_t& err) {
-    std::lock_guard<std::mutex> lock(mu_);
-    err = cudaSuccess;
-    if (count > count_) {
-      if (buf_) cudaFree(buf_);
-      buf_ = nullptr, count_ = 0;
-      err = cudaMalloc(&buf_, count * sizeof(int32_t));
-      if (err == cudaSuccess) err = cudaMemset(buf_, 0, count * sizeof(int32_t));
-      if (err != cudaSuccess) {
-        if (buf_) cudaFree(buf_);
-        buf_ = nullptr;
-        return nullptr;
-      }
-      count_ = count;
-    }
-    return buf_;
-  }
-
- private:
-  std::mutex mu_;
-  int32_t* buf_ = nullptr;
-  size_t count_ = 0;
 };
 
 // One device int32 per stream, kept: the prefill kernel's work counter (zeroed on the stream before

@@ -33,6 +33,23 @@ __device__ __forceinline__ void transform_and_mask(float (&s)[kNT][4], const Fwd
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         if (k_lo + j * 8 + 2 * t4 + (e & 1) >= rm[e / 2].end) s[j][e] = -INFINITY;
+  } else if (needs_mask && k_lo >= p.mask.num_sinks) {
+    // A window's band edge past the sinks: each row sees one interval of keys, [lo, lo + n) (one
+    // unsigned compare per element instead of the general test's four).
+    uint32_t lo[2], n[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const RowMask rm(p.mask, row0 + 8 * r, kv_len);
+      const int32_t first = rm.win_lo > 0 ? rm.win_lo : 0;
+      const int32_t end = rm.win_hi < rm.end ? rm.win_hi + 1 : rm.end;  // no overflow: win_hi < end
+      lo[r] = static_cast<uint32_t>(first);
+      n[r] = end > first ? static_cast<uint32_t>(end - first) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (static_cast<uint32_t>(k_lo + j * 8 + 2 * t4 + (e & 1)) - lo[e / 2] >= n[e / 2]) s[j][e] = -INFINITY;
   } else if (needs_mask) {
     const RowMask rm[2] = {RowMask(p.mask, row0, kv_len), RowMask(p.mask, row0 + 8, kv_len)};
 #pragma unroll
