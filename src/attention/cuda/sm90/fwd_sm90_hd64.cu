@@ -18,7 +18,8 @@ namespace {
 int dense_tile_rows(const FwdParams& p, const Sm90Extents& e) {
   if (e.tile_rows != 0) return e.tile_rows;
   int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
     sms = 132;
   const int64_t shift = int64_t(e.max_kv_len) - e.max_q_len;
   constexpr double kGain = 1.15;
@@ -29,7 +30,7 @@ int dense_tile_rows(const FwdParams& p, const Sm90Extents& e) {
       const int64_t n = tile_range(p.mask, m0 + shift, qp_max, e.max_kv_len, 128).count();
       tiles += n, longest = std::max(longest, n);
     }
-    const double per_tile = bm == 192 ? 1.5 / kGain : 1.0;
+    const double per_tile = bm == 192 ? 192.0 / 128.0 / kGain : 1.0;
     return std::max(double(tiles) * p.batch * p.num_heads / sms, double(longest)) * per_tile;
   };
   return makespan(192) < makespan(128) ? 192 : 128;
