@@ -12,8 +12,8 @@
 
 namespace escala::attn::cuda {
 
-// Zeroed: every (re)allocation is zeroed, and the kernels that use the buffer leave it zero again
-// (the decode kernel's in-place merge counters), so it is zero whenever no kernel is running.
+// With `zeroed`, every (re)allocation is zeroed and the kernels that use the buffer leave it zero
+// again (the decode kernel's in-place merge counters), so it is zero whenever no kernel runs.
 class DeviceScratch {
  public:
   explicit DeviceScratch(bool zeroed = false) : zeroed_(zeroed) {}
