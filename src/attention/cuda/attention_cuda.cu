@@ -471,7 +471,7 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
       k.part_o = reinterpret_cast<float*>(ws + 256);
       k.part_lse = k.part_o + parts * k.d_v;
     }
-    const cuda::Sm90Extents ext{max_q_len, max_kv_len, total_q, total_kv, p.num_kv_heads, sm90_tile_rows};
+    const cuda::Sm90Extents ext{max_q_len, max_kv_len, total_q, total_kv, p.num_kv_heads, sm90_tile_rows, sm_count()};
     if (wq == 192 && wv == 128) e = cuda::run_fwd_sm90_hd192_128(k, bf16, ext, stream);
     else if (w == 64) e = cuda::run_fwd_sm90_hd64(k, bf16, ext, stream);
     else if (w == 128) e = cuda::run_fwd_sm90_hd128(k, bf16, ext, stream);

@@ -49,12 +49,9 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
   p.sched_section = static_cast<int32_t>(std::clamp<double>(24.0 * (1 << 20) / kv_bytes, 1.0, static_cast<double>(bh)));
   // Persistent grid: one CTA per SM (the kernel takes all of an SM's registers); each CTA takes
   // its first item by its index and the next ones from the counter, zeroed here on the stream.
-  int dev = 0, sms = 0;
-  err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err == cudaSuccess) err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream);
+  err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream);
   if (err != cudaSuccess) return err;
-  const int64_t ctas = std::min<int64_t>(items, sms);
+  const int64_t ctas = std::min<int64_t>(items, e.sms);
   const dim3 grid(static_cast<unsigned>(ctas));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv);
   return cudaGetLastError();

@@ -19,6 +19,7 @@ struct Sm90Extents {
   int num_kv_heads = 0;
   // Head dims <= 64, dense inputs: query rows per tile, 128 or 192 (0: chosen by a cost model).
   int tile_rows = 0;
+  int sms = 1;  // the device's SM count: the persistent grid's size
 };
 
 // A 3-D tensor map over [rows][heads][d] (strides in elements), box [box_rows][1][64] with the

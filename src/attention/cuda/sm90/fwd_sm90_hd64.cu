@@ -17,10 +17,6 @@ namespace {
 // visits 6144 row-tiles against 4608.
 int dense_tile_rows(const FwdParams& p, const Sm90Extents& e) {
   if (e.tile_rows != 0) return e.tile_rows;
-  int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    sms = 132;
   const int64_t shift = int64_t(e.max_kv_len) - e.max_q_len;
   constexpr double kGain = 1.15;
   auto makespan = [&](int bm) {
@@ -31,7 +27,7 @@ int dense_tile_rows(const FwdParams& p, const Sm90Extents& e) {
       tiles += n, longest = std::max(longest, n);
     }
     const double per_tile = bm == 192 ? 192.0 / 128.0 / kGain : 1.0;
-    return std::max(double(tiles) * p.batch * p.num_heads / sms, double(longest)) * per_tile;
+    return std::max(double(tiles) * p.batch * p.num_heads / e.sms, double(longest)) * per_tile;
   };
   return makespan(192) < makespan(128) ? 192 : 128;
 }
