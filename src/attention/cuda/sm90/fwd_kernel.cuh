@@ -19,6 +19,7 @@
 #include "attention/cuda/fwd_params.h"
 #include "attention/cuda/online_softmax.cuh"
 #include "attention/cuda/page_pos.h"
+#include "attention/cuda/sm90/epilogue.cuh"
 #include "attention/cuda/sm80/ptx.cuh"
 #include "attention/cuda/sm90/ptx90.cuh"
 #include "attention/cuda/sm90/wgmma_ops.cuh"
@@ -47,7 +48,13 @@ struct Sm90Config {
   static constexpr int kQBytes = BM * DQK * 2;
   static constexpr int kKTileBytes = BN * DQK * 2;
   static constexpr int kVTileBytes = BN * DV * 2;
-  static constexpr int kBarOffset = kQBytes + kStages * (kKTileBytes + kVTileBytes);
+  // The epilogue's staging buffer for O (epilogue.cuh), 16 rows per consumer warp, where it fits
+  // (d_v <= 128); wider O is stored from registers, and so is the 192-row kernel's (measured
+  // 1% slower staged: its consumers have 160 registers and spilled more).
+  static constexpr int kOOffset = kQBytes + kStages * (kKTileBytes + kVTileBytes);
+  static constexpr int kOBytes = BM * DV * 2;
+  static constexpr bool kStagedO = kConsumers == 2 && kOOffset + kOBytes + 256 + 1024 <= 227 * 1024;
+  static constexpr int kBarOffset = kOOffset + (kStagedO ? kOBytes : 0);
   static constexpr int kSlotOffset = kBarOffset + 192;  // the two item slots after the barriers
   static constexpr int kSmemBytes = kBarOffset + 256 + 1024;  // barriers, slots, alignment slack
   static_assert(8 * (6 + 4 * Stages_) <= 192, "barrier area");
@@ -92,6 +99,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sQ = base;
   const uint32_t sK = sQ + Cfg::kQBytes;  // stage s at sK + s * kKTileBytes
   const uint32_t sV = sK + S * Cfg::kKTileBytes;
+  const uint32_t sO = base + Cfg::kOOffset;  // staged O (Cfg::kStagedO)
   // Barriers: q_full, q_empty, full_k[S], empty_k[S], full_v[S], empty_v[S], item_full[2],
   // item_empty[2]; then the two item slots.
   const uint32_t bars = base + Cfg::kBarOffset;
@@ -421,6 +429,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     if (kSplitPaged && splits > 1)
       store_partial(p, o_acc, row_max, row_sum, it.b, it.q_len, it.m0 + row_in_tile, it.h, it.split, t4);
+    else if constexpr (Cfg::kStagedO)
+      store_output_staged<T, DV>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + 64 * cw + 16 * warp, it.h, lane,
+                                 sO + (4 * cw + warp) * 16 * DV * 2);
     else
       store_output<T>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + row_in_tile, it.h, t4);
   }
