@@ -54,11 +54,14 @@ __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&
   // The slice is free: this warp's reads of its previous item's rows are done.
   __syncwarp();
   // Column tiles j and j + 1 of rows 0-7 and 8-15: lane l addresses row l % 8 (+ 8 for odd l / 8)
-  // of unit j + l / 16.
+  // of unit j + l / 16. The slice is 2048-byte aligned and j even, so staged_offset(mr, j + hi) is
+  // this lane's unit-0 address XOR a constant plus a constant (the compiler then keeps one address
+  // instead of hoisting one per j, which spilled at d = 256).
   const int m = lane / 8, mr = (lane % 8) + 8 * (m & 1);
+  const uint32_t lane_base = stage + staged_offset(mr, m >> 1);
 #pragma unroll
   for (int j = 0; j < kDT; j += 2) {
-    stmatrix_x4(stage + staged_offset(mr, j + (m >> 1)), M::pack(o[j][0] * inv[0], o[j][1] * inv[0]),
+    stmatrix_x4((lane_base ^ ((j % 8) * 16)) + (j / 8) * 2048, M::pack(o[j][0] * inv[0], o[j][1] * inv[0]),
                 M::pack(o[j][2] * inv[1], o[j][3] * inv[1]), M::pack(o[j + 1][0] * inv[0], o[j + 1][1] * inv[0]),
                 M::pack(o[j + 1][2] * inv[1], o[j + 1][3] * inv[1]));
   }
@@ -66,16 +69,35 @@ __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&
   // Rows out: consecutive lanes take consecutive units of a row. Units past the real head dim
   // (d_v, a multiple of 8) and rows past the sequence are not written.
   const int units = p.d_v / 8;
+  if constexpr (32 % kDT == 0) {
+    // Each lane keeps one unit u and walks rows r0, r0 + c, ...: r0 < c, so row r0 + k c's swizzle
+    // is r0's XOR a constant (addresses as in the stmatrix loop).
+    constexpr int c = 32 / kDT;
+    const int r0 = lane / kDT, u = lane % kDT;
+    const uint32_t base = stage + staged_offset(r0, u);
+    T* out = static_cast<T*>(p.o) + (q0 + row + r0) * p.o_row_stride + h * p.o_head_stride + 8 * u;
 #pragma unroll
-  for (int e = lane; e < 16 * kDT; e += 32) {
-    const int r = e / kDT, u = e % kDT;
-    if (u < units && row + r < q_len) {
-      uint4 v;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(stage + staged_offset(r, u)));
-      T* orow = static_cast<T*>(p.o) + (q0 + row + r) * p.o_row_stride + h * p.o_head_stride;
-      *reinterpret_cast<uint4*>(orow + 8 * u) = v;
+    for (int k = 0; k < 16 / c; ++k) {
+      if (u < units && row + r0 + k * c < q_len) {
+        uint4 v;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"((base ^ (((k * c) & 7) * 16)) + k * c * 128));
+        *reinterpret_cast<uint4*>(out + k * c * p.o_row_stride) = v;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int e = lane; e < 16 * kDT; e += 32) {
+      const int r = e / kDT, u = e % kDT;
+      if (u < units && row + r < q_len) {
+        uint4 v;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(stage + staged_offset(r, u)));
+        T* orow = static_cast<T*>(p.o) + (q0 + row + r) * p.o_row_stride + h * p.o_head_stride;
+        *reinterpret_cast<uint4*>(orow + 8 * u) = v;
+      }
     }
   }
 }

@@ -48,16 +48,19 @@ struct Sm90Config {
   static constexpr int kQBytes = BM * DQK * 2;
   static constexpr int kKTileBytes = BN * DQK * 2;
   static constexpr int kVTileBytes = BN * DV * 2;
-  // The epilogue's staging buffer for O (epilogue.cuh), 16 rows per consumer warp, where it fits
-  // (d_v <= 128); wider O is stored from registers, and so is the 192-row kernel's (measured
-  // 1% slower staged: its consumers have 160 registers and spilled more).
+  // The epilogue stages O through shared memory (epilogue.cuh), 16 rows per consumer warp: in a
+  // buffer of its own where that fits (d_v <= 128), else over the V stages (FlashAttention-3's
+  // layout; the producer then loads an item's first V tile only once the previous item's O has
+  // left them). The 192-row kernel stores from registers (measured 1% slower staged: its
+  // consumers have 160 registers and spilled more).
   static constexpr int kOOffset = kQBytes + kStages * (kKTileBytes + kVTileBytes);
   static constexpr int kOBytes = BM * DV * 2;
   static constexpr bool kStagedO = kConsumers == 2 && kOOffset + kOBytes + 256 + 1024 <= 227 * 1024;
+  static constexpr bool kStagedOInV = kConsumers == 2 && !kStagedO && kOBytes <= kStages * kVTileBytes;
   static constexpr int kBarOffset = kOOffset + (kStagedO ? kOBytes : 0);
   static constexpr int kSlotOffset = kBarOffset + 192;  // the two item slots after the barriers
   static constexpr int kSmemBytes = kBarOffset + 256 + 1024;  // barriers, slots, alignment slack
-  static_assert(8 * (6 + 4 * Stages_) <= 192, "barrier area");
+  static_assert(8 * (7 + 4 * Stages_) <= 192, "barrier area");
   static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 16 == 0, "tile shape");
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
@@ -101,7 +104,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sV = sK + S * Cfg::kKTileBytes;
   const uint32_t sO = base + Cfg::kOOffset;  // staged O (Cfg::kStagedO)
   // Barriers: q_full, q_empty, full_k[S], empty_k[S], full_v[S], empty_v[S], item_full[2],
-  // item_empty[2]; then the two item slots.
+  // item_empty[2], o_free; then the two item slots.
   const uint32_t bars = base + Cfg::kBarOffset;
   const uint32_t q_full = bars, q_empty = bars + 8u;
   auto full_k = [&](int s) { return bars + 8u * (2 + s); };
@@ -110,6 +113,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto empty_v = [&](int s) { return bars + 8u * (2 + 3 * S + s); };
   auto item_full = [&](int s) { return bars + 8u * (2 + 4 * S + s); };
   auto item_empty = [&](int s) { return bars + 8u * (4 + 4 * S + s); };
+  // Staged O over the V stages (dense variant), for items of 1..kOInVMaxTiles key tiles (short
+  // items, where the epilogue is a large share; a long item keeps its producer running ahead): one
+  // phase per such item, completed when its O has left shared memory.
+  constexpr bool kOInV = Cfg::kStagedOInV && !kSplitPaged;
+  constexpr int kOInVMaxTiles = 32;
+  auto o_in_v = [&](int n_tiles) { return kOInV && n_tiles > 0 && n_tiles <= kOInVMaxTiles; };
+  const uint32_t o_free = bars + 8u * (6 + 4 * S);
   volatile int32_t* slots = reinterpret_cast<volatile int32_t*>(smem_raw + (base - raw) + Cfg::kSlotOffset);
 
   const int tid = threadIdx.x;
@@ -126,6 +136,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(item_full(s), 1);
       mbar_init(item_empty(s), Cfg::kConsumerThreads);
     }
+    mbar_init(o_free, Cfg::kConsumerThreads);
     mbar_init_fence();
   }
   __syncthreads();
@@ -183,6 +194,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     setmaxnreg_dec<kProducerRegs>();
     if (tid == 0) {
       int kv_iter = 0, q_iter = 0, item_iter = 0;
+      int o_staged = 0;          // items whose O went over the V stages so far
+      bool prev_staged = false;  // the previous item with key tiles was one of them
       // Hands item w (-1: no more work) to the consumers.
       auto publish = [&](int w) {
         const int slot = item_iter & 1;
@@ -223,6 +236,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
             for (int c = 0; c < Cfg::kChunksQK; ++c)
               tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128, &tm_k, c * 64, hk, row, full_k(s));
+            // The previous item with key tiles may still have its O staged over the V stages.
+            if (kOInV && i == 0) {
+              if (prev_staged) mbar_wait(o_free, (o_staged - 1) & 1);
+              prev_staged = o_in_v(it.n_tiles);
+              o_staged += prev_staged;
+            }
             mbar_wait(empty_v(s), phase ^ 1);
             mbar_arrive_expect_tx(full_v(s), Cfg::kVTileBytes);
 #pragma unroll
@@ -429,10 +448,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     if (kSplitPaged && splits > 1)
       store_partial(p, o_acc, row_max, row_sum, it.b, it.q_len, it.m0 + row_in_tile, it.h, it.split, t4);
-    else if constexpr (Cfg::kStagedO)
+    else if (Cfg::kStagedO || o_in_v(n_tiles)) {
+      // Over the V stages: the other warpgroup's last P V may still be reading them.
+      if (kOInV) named_bar_sync<Cfg::kConsumers + 2, Cfg::kConsumerThreads>();
       store_output_staged<T, DV>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + 64 * cw + 16 * warp, it.h, lane,
-                                 sO + (4 * cw + warp) * 16 * DV * 2);
-    else
+                                 (Cfg::kStagedO ? sO : sV) + (4 * cw + warp) * 16 * DV * 2);
+      if (kOInV) mbar_arrive(o_free);
+    } else
       store_output<T>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + row_in_tile, it.h, t4);
   }
   if (cw == 0 && !first_turn) named_bar_sync<1, 256>();  // the last warpgroup's final hand-over
