@@ -54,7 +54,7 @@ __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&
   // The slice is free: this warp's reads of its previous item's rows are done.
   __syncwarp();
   // Column tiles j and j + 1 of rows 0-7 and 8-15: lane l addresses row l % 8 (+ 8 for odd l / 8)
-  // of unit j + l / 16. The slice is 2048-byte aligned and j even, so staged_offset(mr, j + hi) is
+  // of unit j + l / 16. The slice is 128-byte aligned and j even, so staged_offset(mr, j + hi) is
   // this lane's unit-0 address XOR a constant plus a constant (the compiler then keeps one address
   // instead of hoisting one per j, which spilled at d = 256).
   const int m = lane / 8, mr = (lane % 8) + 8 * (m & 1);
