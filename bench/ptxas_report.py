@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""The compiler's report on the CUDA kernels, without a GPU: for every kernel of the chosen source
+files, its registers and spill bytes (ptxas -v), and with --sass how many spill instructions
+(STL / LDL) sit between its first and last wgmma, i.e. in the consumers' loop rather than in the
+per-item code or the producer. docs/cuda_notes.md's "Compiler report" table is made from it.
+
+Usage (from the repository root, after a CUDA build that wrote compile_commands.json):
+  python3 bench/ptxas_report.py [--build build-cuda] [--sass] [--filter REGEX] FILE.cu ...
+e.g. python3 bench/ptxas_report.py --sass fwd_sm90_hd128.cu fwd_sm90_hd256.cu
+
+Each file is compiled once for sm_90a alone (its compile_commands.json line, other targets
+dropped); --sass compiles it once more to a cubin for cuobjdump (PyPI's nvidia-cuda-cuobjdump
+wheel has it, if the CUDA install does not).
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def sm90_command(entry, out, extra):
+    cmd = entry["command"]
+    cmd = cmd[: cmd.index(" -o ")]
+    cmd = re.sub(r"--generate-code=arch=compute_\d+a?,code=\[[^\]]*\]", "", cmd)
+    return f"{cmd} --generate-code=arch=compute_90a,code=[sm_90a] {extra} -o {out}"
+
+
+def short_name(mangled):
+    """The template arguments that tell kernels apart, from a mangled name."""
+    demangled = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip() or mangled
+    demangled = demangled.replace("escala::attn::cuda::", "")
+    return re.sub(r"\(.*\)$", "", demangled)
+
+
+def ptxas_info(entry, tmp):
+    out = os.path.join(tmp, "x.o")
+    r = subprocess.run(sm90_command(entry, out, "-Xptxas -v"), shell=True, cwd=entry["directory"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(r.stderr[-3000:])
+    rows, name = {}, None
+    for line in r.stderr.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)' for 'sm_90a'", line)
+        if m:
+            name = m.group(1)
+            continue
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and name:
+            rows.setdefault(name, {})["spills"] = (int(m.group(1)), int(m.group(2)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name:
+            rows.setdefault(name, {})["regs"] = int(m.group(1))
+    return rows
+
+
+def spills_in_wgmma_range(entry, tmp):
+    cubin = os.path.join(tmp, "x.cubin")
+    cmd = sm90_command(entry, cubin, "-cubin").replace(" -c ", " ")
+    r = subprocess.run(cmd, shell=True, cwd=entry["directory"], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(r.stderr[-3000:])
+    sass = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+    result = {}
+    for block in re.split(r"\n\s*Function : ", sass)[1:]:
+        name = block.split("\n", 1)[0].strip()
+        ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", block)
+        gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
+        spill = [i for i, op in enumerate(ops) if op.startswith(("STL", "LDL"))]
+        inside = [i for i in spill if gmma and gmma[0] <= i <= gmma[-1]]
+        result[name] = (len(spill), len(inside))
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+", help="source file names (suffix match against compile_commands.json)")
+    ap.add_argument("--build", default="build-cuda", help="the CUDA build directory")
+    ap.add_argument("--sass", action="store_true", help="also count spill instructions inside the wgmma range")
+    ap.add_argument("--filter", default="", help="only kernels whose demangled name matches this regex")
+    args = ap.parse_args()
+    entries = json.load(open(os.path.join(args.build, "compile_commands.json")))
+    if args.sass and shutil.which("cuobjdump") is None:
+        sys.exit("--sass needs cuobjdump on the PATH")
+    print("| kernel | registers | spill stores / loads (bytes) |" + (" spill instructions (in wgmma range) |" if args.sass else ""))
+    print("|---|---|---|" + ("---|" if args.sass else ""))
+    for f in args.files:
+        matches = [e for e in entries if e["file"].endswith(f)]
+        if not matches:
+            sys.exit(f"{f}: not in {args.build}/compile_commands.json")
+        with tempfile.TemporaryDirectory() as tmp:
+            info = ptxas_info(matches[0], tmp)
+            sass = spills_in_wgmma_range(matches[0], tmp) if args.sass else {}
+        for mangled, row in info.items():
+            name = short_name(mangled)
+            if args.filter and not re.search(args.filter, name):
+                continue
+            stores, loads = row.get("spills", (0, 0))
+            line = f"| `{name}` | {row.get('regs', '?')} | {stores} / {loads} |"
+            if args.sass:
+                total, inside = sass.get(mangled, (0, 0))
+                line += f" {total} ({inside}) |"
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
