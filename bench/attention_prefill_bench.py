@@ -7,11 +7,16 @@ with CUDA events around each call, median of --reps runs after warm-up. FLOPs ar
 (query, key) pairs the mask lets through: 2 * (d + dv) * pairs * h * B (so a causal square is about half
 of the dense one); the same count divides every implementation's time.
 
-Usage: python3 bench/attention_prefill_bench.py --bin build/tests/escala_gpu_tests [--reps 30]
+With --rounds N the whole set (Escala, then the peers) is timed N times in turn and each figure is
+the median over the rounds; the geometric mean of each round is printed too, so that a table shows
+how far one call of the benchmark moves on the machine it ran on.
+
+Usage: python3 bench/attention_prefill_bench.py --bin build/tests/escala_gpu_tests [--reps 30] [--rounds 2]
 """
 import argparse
 import math
 import re
+import statistics
 import subprocess
 import sys
 
@@ -127,23 +132,41 @@ def main():
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--sm80", action="store_true", help="also time the portable sm_80 kernel")
     ap.add_argument("--extra", action="store_true", help="also head dims 96, 192 and 192/128 (outside the grid)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time Escala and the peers this many times, alternating; each figure is the median over "
+                         "the rounds (the machines lent move by several percent from one call to the next)")
     args = ap.parse_args()
 
     shape_list = [s for s in shapes(args.extra) if args.filter in s[0]]
-    esc = run_escala(args.bin, shape_list, args.reps, "auto")
-    esc80 = run_escala(args.bin, shape_list, args.reps, "sm80") if args.sm80 else {}
-    rows = []
     flex_cache = {}
-    for s in shape_list:
-        peers = {} if args.no_peers else run_peers(s, args.reps, flex_cache)
-        rows.append((s, esc.get(s[0]), peers, esc80.get(s[0])))
+    rounds = []  # per round: (Escala, Escala sm80, peers by shape)
+    for _ in range(max(1, args.rounds)):
+        esc = run_escala(args.bin, shape_list, args.reps, "auto")
+        esc80 = run_escala(args.bin, shape_list, args.reps, "sm80") if args.sm80 else {}
+        peers = {s[0]: ({} if args.no_peers else run_peers(s, args.reps, flex_cache)) for s in shape_list}
+        rounds.append((esc, esc80, peers))
+
+    def median_tflops(results, name):
+        vals = sorted(r[name][1] for r in results if r.get(name))
+        return (None, statistics.median(vals)) if vals else None
+
+    def median_peers(name):
+        out = {}
+        for label in {k for _, _, p in rounds for k in p[name]}:
+            vals = sorted(p[name][label] for _, _, p in rounds if p[name].get(label))
+            out[label] = statistics.median(vals) if vals else None
+        return out
+
+    rows = [(s, median_tflops([r[0] for r in rounds], s[0]), median_peers(s[0]),
+             median_tflops([r[1] for r in rounds], s[0])) for s in shape_list]
 
     try:
         import torch
         gpu = torch.cuda.get_device_name(0) + f", torch {torch.__version__}"
     except Exception:
         gpu = "?"
-    print(f"\n# CUDA prefill, bf16, TFLOP/s over visible pairs (2*(d+dv)*pairs*h*B); {gpu}; median of {args.reps}")
+    over = f"; median over {len(rounds)} rounds" if len(rounds) > 1 else ""
+    print(f"\n# CUDA prefill, bf16, TFLOP/s over visible pairs (2*(d+dv)*pairs*h*B); {gpu}; median of {args.reps}{over}")
     print("| shape | B | Escala | Escala sm80 | cuDNN | FA2 | Flex | best peer | Escala / best |")
     print("|---|---|---|---|---|---|---|---|---|")
     ratios_dense = []
@@ -161,6 +184,17 @@ def main():
     if ratios_dense:
         gm = math.exp(sum(math.log(r) for r in ratios_dense) / len(ratios_dense))
         print(f"\ngeometric mean Escala / best peer over {len(ratios_dense)} dense shapes: {gm:.3f}")
+    if len(rounds) > 1 and not args.no_peers:
+        per_round = []
+        for esc, _, peers in rounds:
+            logs = []
+            for s in shape_list:
+                best = max([v for v in peers[s[0]].values() if v], default=None)
+                if esc.get(s[0]) and best and s[7] < 0 and s[8] == 0 and not s[0].startswith("x_"):
+                    logs.append(math.log(esc[s[0]][1] / best))
+            if logs:
+                per_round.append(math.exp(sum(logs) / len(logs)))
+        print("geometric mean per round: " + ", ".join(f"{g:.3f}" for g in per_round))
 
 
 if __name__ == "__main__":
