@@ -7,10 +7,14 @@ Effective bandwidth = bytes of K and V (and scales) the call must read / time pe
 --reps samples, each timing 10 back-to-back calls with CUDA events (both sides alike). Escala runs each shape contiguous bf16, paged bf16 (16-token pages,
 randomly permuted) and paged fp8; the table gives paged/contiguous time and fp8/bf16 tokens/s.
 
-Usage: python3 bench/attention_decode_bench.py --bin build/tests/escala_gpu_tests [--reps 30]
+With --rounds N, Escala and the peers are timed N times in turn and each figure is the median over
+the rounds.
+
+Usage: python3 bench/attention_decode_bench.py --bin build/tests/escala_gpu_tests [--reps 30] [--rounds 2]
 """
 import argparse
 import re
+import statistics
 import subprocess
 import sys
 
@@ -91,6 +95,9 @@ def main():
     ap.add_argument("--filter", default="")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-cascade", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time Escala and the peers this many times, alternating; each figure is the median over "
+                         "the rounds")
     args = ap.parse_args()
     shapes = [s for s in SHAPES if args.filter in s[0]]
 
@@ -98,7 +105,17 @@ def main():
     m = re.search(r"READ gbps=([\d.]+)", run_bin(args.bin, ["--bench-read", "--mb", "8192"]))
     if m:
         ceiling = float(m.group(1))
-    esc = run_escala(args.bin, shapes, args.reps)
+    rounds = []  # per round: (Escala's results, peers by shape)
+    for _ in range(max(1, args.rounds)):
+        esc_r = run_escala(args.bin, shapes, args.reps)
+        rounds.append((esc_r, {s[0]: ({} if args.no_peers else run_peers(s, args.reps)) for s in shapes}))
+    # Medians over the rounds: Escala's (ms, GB/s, splits) per spec, the peers' GB/s per label.
+    esc = {}
+    for key in {k for r, _ in rounds for k in r}:
+        got = [r[key] for r, _ in rounds if key in r]
+        esc[key] = (statistics.median(g[0] for g in got), statistics.median(g[1] for g in got), got[0][2])
+    if len(rounds) > 1:
+        print(f"(medians over {len(rounds)} rounds)")
     print(f"read ceiling (16-byte streaming loads, 8 GiB): {fmt(ceiling)} GB/s\n")
     print("| shape | Escala bf16 GB/s | % ceiling | splits | paged/contig time | fp8/bf16 tok/s | cuDNN GB/s | FA2 GB/s | Escala / cuDNN |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -107,7 +124,10 @@ def main():
         e = esc.get(f"{name}|bf16")
         pg = esc.get(f"{name}|paged")
         f8 = esc.get(f"{name}|fp8")
-        peers = {} if args.no_peers else run_peers(shape, args.reps)
+        peers = {}
+        for label in {k for _, p in rounds for k in p[name]}:
+            vals = [p[name][label] for _, p in rounds if p[name].get(label)]
+            peers[label] = statistics.median(vals) if vals else None
         cud = peers.get("cuDNN")
         ratio = e[1] / cud if e and cud else None
         print(f"| {name} | {fmt(e and e[1])} | {fmt(e and ceiling and 100 * e[1] / ceiling, '{:.1f}%')} | "
