@@ -148,20 +148,29 @@ __device__ __forceinline__ float row_total(float partial) {
   return partial + __shfl_xor_sync(0xffffffffu, partial, 2);
 }
 
-// Full row sums, the learned sink logit, normalisation, and the O / LSE stores of this thread's
-// two rows (`row` and `row + 8`, relative to the sequence).
+// A finished row's full sum, its learned sink logit and its LSE (written by the row's t4 == 0 lane
+// when `rr` is inside the sequence); returns the factor that normalises the row's O.
+__device__ __forceinline__ float finish_row(const FwdParams& p, float row_max, float partial_sum, int q0, int q_len,
+                                            int rr, int h, int t4) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  float l = row_total(partial_sum);
+  float m2 = row_max == -INFINITY ? -INFINITY : row_max * p.scale_log2;  // log2 units
+  const float ofac = join_sink_logit(p.sink_logits ? p.sink_logits + h : nullptr, m2, l);
+  if (p.lse != nullptr && t4 == 0 && rr < q_len)
+    p.lse[static_cast<int64_t>(q0 + rr) * p.num_heads + h] = l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
+  return l > 0.0f ? ofac / l : 0.0f;
+}
+
+// The O stores of this thread's two rows (`row` and `row + 8`, relative to the sequence), each
+// normalised by finish_row.
 template <class T, int kDT>
 __device__ __forceinline__ void store_output(const FwdParams& p, float (&o)[kDT][4], const float (&row_max)[2],
                                              const float (&row_sum)[2], int q0, int q_len, int row, int h, int t4) {
   using M = MmaType<T>;
-  constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float l = row_total(row_sum[r]);
-    float m2 = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * p.scale_log2;  // log2 units
-    const float ofac = join_sink_logit(p.sink_logits ? p.sink_logits + h : nullptr, m2, l);
-    const float inv = l > 0.0f ? ofac / l : 0.0f;
     const int rr = row + r * 8;
+    const float inv = finish_row(p, row_max[r], row_sum[r], q0, q_len, rr, h, t4);
     if (rr < q_len) {
       T* orow = static_cast<T*>(p.o) + (q0 + rr) * p.o_row_stride + h * p.o_head_stride;
 #pragma unroll
@@ -169,9 +178,6 @@ __device__ __forceinline__ void store_output(const FwdParams& p, float (&o)[kDT]
         if (j * 8 >= p.d_v) break;  // tile columns past the real head dim
         const uint32_t v = M::pack(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
         *reinterpret_cast<uint32_t*>(orow + j * 8 + 2 * t4) = v;
-      }
-      if (p.lse != nullptr && t4 == 0) {
-        p.lse[static_cast<int64_t>(q0 + rr) * p.num_heads + h] = l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
       }
     }
   }

@@ -22,6 +22,13 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                : "memory");
 }
 
+// 16 bytes from shared memory (an asm volatile load: ordered after the stmatrix writes it reads).
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
 // Byte offset of 16-byte unit u (columns 8u .. 8u + 7) of row r (0..15) in a warp's slice: 64-column
 // blocks of 16 rows x 128 bytes, the units of row r XOR-swizzled by r % 8, so that both the
 // stmatrix writes (8 rows of one unit) and the row reads (8 units of one row) are conflict-free.
@@ -37,20 +44,11 @@ __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&
                                                     const float (&row_max)[2], const float (&row_sum)[2], int q0,
                                                     int q_len, int row, int h, int lane, uint32_t stage) {
   using M = MmaType<T>;
-  constexpr float kLn2 = 0.6931471805599453f;
   constexpr int kDT = DV / 8;
   const int g = lane / 4, t4 = lane % 4;
   float inv[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_total(row_sum[r]);
-    float m2 = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * p.scale_log2;  // log2 units
-    const float ofac = join_sink_logit(p.sink_logits ? p.sink_logits + h : nullptr, m2, l);
-    inv[r] = l > 0.0f ? ofac / l : 0.0f;
-    const int rr = row + g + 8 * r;
-    if (p.lse != nullptr && t4 == 0 && rr < q_len)
-      p.lse[static_cast<int64_t>(q0 + rr) * p.num_heads + h] = l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
-  }
+  for (int r = 0; r < 2; ++r) inv[r] = finish_row(p, row_max[r], row_sum[r], q0, q_len, row + g + 8 * r, h, t4);
   // The slice is free: this warp's reads of its previous item's rows are done.
   __syncwarp();
   // Column tiles j and j + 1 of rows 0-7 and 8-15: lane l addresses row l % 8 (+ 8 for odd l / 8)
@@ -79,11 +77,7 @@ __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&
 #pragma unroll
     for (int k = 0; k < 16 / c; ++k) {
       if (u < units && row + r0 + k * c < q_len) {
-        uint4 v;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"((base ^ (((k * c) & 7) * 16)) + k * c * 128));
-        *reinterpret_cast<uint4*>(out + k * c * p.o_row_stride) = v;
+        *reinterpret_cast<uint4*>(out + k * c * p.o_row_stride) = ld_shared_v4((base ^ (((k * c) & 7) * 16)) + k * c * 128);
       }
     }
   } else {
@@ -91,12 +85,8 @@ __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&
     for (int e = lane; e < 16 * kDT; e += 32) {
       const int r = e / kDT, u = e % kDT;
       if (u < units && row + r < q_len) {
-        uint4 v;
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(stage + staged_offset(r, u)));
         T* orow = static_cast<T*>(p.o) + (q0 + row + r) * p.o_row_stride + h * p.o_head_stride;
-        *reinterpret_cast<uint4*>(orow + 8 * u) = v;
+        *reinterpret_cast<uint4*>(orow + 8 * u) = ld_shared_v4(stage + staged_offset(r, u));
       }
     }
   }
