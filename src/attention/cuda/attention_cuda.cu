@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attention/cuda/decode/decode.h"
+#include "attention/cuda/decode/split_rule.h"
 #include "attention/cuda/device_scratch.h"
 #include "attention/cuda/fwd_params.h"
 #include "attention/cuda/dispatch.h"
@@ -311,10 +312,14 @@ int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len) {
   // 2.25 ms with one split against 2.34 ms with three; under two waves, fp8 64 x 4k ran 0.173 ms
   // with three splits against 0.186 ms with one).
   if (units >= 2 * slots) return 1;
-  // One partial wave that still gives every SM a CTA: no split either. The SMs' streams already
-  // draw the bandwidth, and the merge's launch and partials cost more than the fill gains (H200,
-  // SmolLM2's 9/3 d64 at 64 x 4k, 192 CTAs on 132 SMs: 54.0 us with one split, 58.1 with two).
-  if (units >= sm_count() && units <= slots) return 1;
+  // One partial wave that still gives every SM a CTA: split only while the CTAs fit in that wave
+  // and each warp keeps enough tiles (split_rule.h).
+  if (units >= sm_count() && units <= slots) {
+    const int row_bytes = p.head_dim * (f == cuda::KvFormat::kHalf ? 2 : 1);
+    const int64_t tile_keys = row_bytes <= 128 ? 32 : 16;  // keys per warp tile (decode_kernel.cuh)
+    const int64_t warp_tiles = (int64_t(max_kv_len) + tile_keys - 1) / tile_keys / (wide ? 1 : 4);
+    return cuda::partial_wave_splits(units, slots, warp_tiles);
+  }
   // The fewest splits whose CTAs fill their waves to 90% or more (192 CTAs on 264 slots leave 27%
   // of the machine idle; 4 splits make 768 = 97% of three waves), keeping every warp at least two
   // 16-key tiles and the split count <= 1024.
