@@ -47,6 +47,11 @@ def shapes(extra):
     return out
 
 
+def in_dense_grid(shape):
+    """A shape of the issue's dense grid (the geometric mean's): no window, no sinks, not an extra."""
+    return shape[7] < 0 and shape[8] == 0 and not shape[0].startswith("x_")
+
+
 def visible_pairs(S, causal, wl, sinks):
     """Visible (query, key) pairs of one S x S sequence (same rule as the C++ bench)."""
     total = 0
@@ -147,13 +152,13 @@ def main():
         rounds.append((esc, esc80, peers))
 
     def median_tflops(results, name):
-        vals = sorted(r[name][1] for r in results if r.get(name))
+        vals = [r[name][1] for r in results if r.get(name)]
         return (None, statistics.median(vals)) if vals else None
 
     def median_peers(name):
         out = {}
         for label in {k for _, _, p in rounds for k in p[name]}:
-            vals = sorted(p[name][label] for _, _, p in rounds if p[name].get(label))
+            vals = [p[name][label] for _, _, p in rounds if p[name].get(label)]
             out[label] = statistics.median(vals) if vals else None
         return out
 
@@ -176,7 +181,7 @@ def main():
         vals = {k: v for k, v in peers.items() if v}
         best = max(vals.values()) if vals else None
         ratio = et / best if (et and best) else None
-        if ratio and s[7] < 0 and s[8] == 0 and not s[0].startswith("x_"):
+        if ratio and in_dense_grid(s):
             ratios_dense.append(ratio)
         rs = f"{ratio:.2f}" if ratio else "n/a"
         print(f"| {s[0]} | {s[1]} | {f(et)} | {f(e80[1] if e80 else None)} | {f(peers.get('cuDNN'))} | "
@@ -190,7 +195,7 @@ def main():
             logs = []
             for s in shape_list:
                 best = max([v for v in peers[s[0]].values() if v], default=None)
-                if esc.get(s[0]) and best and s[7] < 0 and s[8] == 0 and not s[0].startswith("x_"):
+                if esc.get(s[0]) and best and in_dense_grid(s):
                     logs.append(math.log(esc[s[0]][1] / best))
             if logs:
                 per_round.append(math.exp(sum(logs) / len(logs)))

@@ -316,7 +316,7 @@ int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len) {
   // and each warp keeps enough tiles (split_rule.h).
   if (units >= sm_count() && units <= slots) {
     const int row_bytes = p.head_dim * (f == cuda::KvFormat::kHalf ? 2 : 1);
-    const int64_t tile_keys = row_bytes <= 128 ? 32 : 16;  // keys per warp tile (decode_kernel.cuh)
+    const int64_t tile_keys = cuda::decode_tile_keys(row_bytes);
     const int64_t warp_tiles = (int64_t(max_kv_len) + tile_keys - 1) / tile_keys / (wide ? 1 : 4);
     return cuda::partial_wave_splits(units, slots, warp_tiles);
   }

@@ -42,9 +42,7 @@ struct DecodeCfg {
   using MmaT = std::conditional_t<kQuant, __half, T>;
   static constexpr int kElemBytes = kQuant ? 1 : 2;
   static constexpr int kRowBytes = D * kElemBytes;
-  // Keys per warp tile: 32 for rows of up to 128 bytes, so the per-tile softmax and bookkeeping
-  // are paid per 8 KB of K/V at least.
-  static constexpr int kKeys = kRowBytes <= 128 ? 32 : 16;
+  static constexpr int kKeys = decode_tile_keys(kRowBytes);  // keys per warp tile
   static constexpr int kNT = kKeys / 8;  // score n-tiles per warp tile
   static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per row
   // Rows of 128 or 256 bytes (d = 64 or 128 at 16 bits, d = 128 or 256 at 8 bits) of the per-warp

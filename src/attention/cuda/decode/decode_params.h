@@ -13,6 +13,11 @@ namespace escala::attn::cuda {
 // fp8 e4m3 with a scale per (page, kv head).
 enum class KvFormat : int { kHalf = 0, kInt8 = 1, kFp8 = 2 };
 
+// Keys per warp tile for K/V rows of `row_bytes`: 32 for rows of up to 128 bytes, so that the
+// per-tile softmax and bookkeeping are paid per 8 KB of K/V at least (the kernel and the split
+// heuristic both use it).
+constexpr int decode_tile_keys(int row_bytes) { return row_bytes <= 128 ? 32 : 16; }
+
 struct DecodeParams {
   const void* q = nullptr;
   const void* k = nullptr;
