@@ -336,14 +336,34 @@ TEST(DecodeCuda, MasksAndScoreOptions) {
   const M masks[] = {{false, -1, -1, 0, false, 0.0f}, {true, 100, 0, 0, false, 0.0f}, {true, 100, 0, 4, false, 0.0f},
                      {true, 37, 0, 20, true, 0.0f},    {false, 50, 20, 0, false, 0.0f}, {true, -1, -1, 0, true, 30.0f},
                      {true, 0, 0, 0, false, 0.0f},     {true, 255, 0, 1, true, 5.0f}};
+  // 4 x 16 rows per kv head: the 64-row form; 4 x 2: 8-bit K/V take the 8-row columns form.
+  const std::pair<DType, std::vector<int>> runs[] = {
+      {DType::kBF16, {1, 4, 16}}, {DType::kI8, {1, 4, 16}}, {DType::kI8, {1, 2, 1}}, {DType::kFp8E4M3, {1, 2, 1}}};
   for (const M& m : masks)
-    for (DType kv : {DType::kBF16, DType::kI8}) {
+    for (const auto& [kv, q_lens] : runs) {
       DecCase c;
       c.causal = m.causal, c.wl = m.wl, c.wr = m.wr, c.sinks = m.sinks, c.sink_logits = m.sink_logits;
       c.softcap = m.softcap, c.kv = kv, c.page_size = 16, c.seed = seed++;
-      c.q_lens = {1, 4, 16}, c.kv_lens = {7, 1000, 1000};
+      c.q_lens = q_lens, c.kv_lens = {7, 1000, 1000};
       check_case(c);
     }
+}
+
+// 8-bit K/V with at most 8 rows per kv head (the decode kernel's columns form: rows on the MMAs' N
+// side) over every head dim and GQA shape, TMA boxes (16-token pages) and cp.async (12), splits.
+TEST(DecodeCuda, EightBitColumnsForm) {
+  uint64_t seed = 700;
+  for (DType kv : {DType::kI8, DType::kFp8E4M3})
+    for (int d : {64, 128, 256})
+      for (auto [h, hk, q] : {std::tuple{8, 8, 1}, {8, 2, 2}, {16, 2, 1}, {9, 3, 2}}) {
+        DecCase c;
+        c.kv = kv, c.d = d, c.h = h, c.hk = hk, c.seed = seed++;
+        c.dt = d == 64 ? DType::kF16 : DType::kBF16;
+        c.page_size = (seed % 2) ? 16 : 12;
+        c.splits = (seed % 3) == 0 ? 5 : 0;
+        c.q_lens = {q, 1, 1}, c.kv_lens = {q + 6, 129, 1000};
+        check_case(c);
+      }
 }
 
 TEST(DecodeCuda, SplitCountsAndEmptyRows) {

@@ -130,7 +130,8 @@ int sm_count() {
 }
 
 int row_tiles(const AttentionParams& p, int max_q_len) {
-  const int group = p.num_heads / p.num_kv_heads, per = cuda::decode_rows_per_cta(max_q_len, group);
+  const int group = p.num_heads / p.num_kv_heads;
+  const int per = cuda::decode_rows_per_cta(max_q_len, group, kv_format(p.kv_dtype));
   return (max_q_len * group + per - 1) / per;
 }
 
@@ -227,7 +228,7 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
   k.k_scale = p.k_scale, k.v_scale = p.v_scale;
   k.batch = p.batch, k.num_heads = p.num_heads, k.num_kv_heads = p.num_kv_heads;
   k.group = p.num_heads / p.num_kv_heads;
-  k.rows_per_cta = cuda::decode_rows_per_cta(max_q_len, k.group);
+  k.rows_per_cta = cuda::decode_rows_per_cta(max_q_len, k.group, kv_format(p.kv_dtype));
   k.row_tiles = row_tiles(p, max_q_len);
   k.max_q_len = max_q_len;
   k.scale = effective_scale(p);
@@ -241,7 +242,7 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
     // Workspace: the in-place merge's counters (decode_counter_bytes), then the split partials.
     // 16-row CTAs merge in place (a few rows per CTA); 64-row ones leave it to the merge kernel,
     // which spreads their rows over the whole GPU.
-    const bool in_place = k.rows_per_cta == 16;
+    const bool in_place = k.rows_per_cta != 64;
     const size_t bytes = decode_workspace_bytes(p, max_q_len, k.num_splits);
     const size_t counter_bytes = decode_counter_bytes(p, max_q_len);
     uint8_t* ws = static_cast<uint8_t*>(options.workspace);
@@ -283,7 +284,7 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
                           p.v_page_stride == p.page_size * p.v_row_stride;
   const int64_t view_rows = p.page_size > 0 ? (paged_rows ? int64_t(INT32_MAX) : 0) : total_kv;
   const int64_t row_bytes = p.head_dim * eb;
-  if (is_hopper() && row_bytes == 128 && k.rows_per_cta == 16 && view_rows > 0 && kv_maps(p, view_rows, maps))
+  if (is_hopper() && row_bytes == 128 && k.rows_per_cta != 64 && view_rows > 0 && kv_maps(p, view_rows, maps))
     k.use_tma = 1;
   k.dependent_merge = is_hopper() ? 1 : 0;
   cudaError_t e = cudaSuccess;
@@ -301,10 +302,11 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
 int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len) {
   if (p.num_kv_heads < 1 || p.num_heads < p.num_kv_heads || max_q_len < 1) return 1;
   const cuda::KvFormat f = kv_format(p.kv_dtype);
-  const bool wide = cuda::decode_rows_per_cta(max_q_len, p.num_heads / p.num_kv_heads) == 64;
-  const int occupancy = p.head_dim <= 64    ? cuda::decode_ctas_per_sm_hd64(f, wide)
-                        : p.head_dim <= 128 ? cuda::decode_ctas_per_sm_hd128(f, wide)
-                                            : cuda::decode_ctas_per_sm_hd256(f, wide);
+  const int rows_per_cta = cuda::decode_rows_per_cta(max_q_len, p.num_heads / p.num_kv_heads, f);
+  const bool wide = rows_per_cta == 64;
+  const int occupancy = p.head_dim <= 64    ? cuda::decode_ctas_per_sm_hd64(f, rows_per_cta)
+                        : p.head_dim <= 128 ? cuda::decode_ctas_per_sm_hd128(f, rows_per_cta)
+                                            : cuda::decode_ctas_per_sm_hd256(f, rows_per_cta);
   const int64_t slots = int64_t(sm_count()) * occupancy;
   const int64_t units = int64_t(p.batch) * p.num_kv_heads * row_tiles(p, max_q_len);
   // Two waves or more: no split. A partial last wave then costs less than a split's merge, because

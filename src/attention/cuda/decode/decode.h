@@ -30,12 +30,17 @@ cudaError_t run_merge_hd256(const DecodeParams& p, bool bf16, cudaStream_t strea
 cudaError_t make_kv_box_map(CUtensorMap* map, const void* base, int elem_bytes, int d, int heads, int64_t rows,
                             int64_t head_stride, int64_t row_stride, int box_rows);
 
-// CTAs of the decode kernel that fit on one SM at once (for the split heuristic).
-int decode_ctas_per_sm_hd64(KvFormat f, bool wide);
-int decode_ctas_per_sm_hd128(KvFormat f, bool wide);
-int decode_ctas_per_sm_hd256(KvFormat f, bool wide);
+// CTAs of the decode kernel with `rows_per_cta` rows that fit on one SM at once (for the split
+// heuristic).
+int decode_ctas_per_sm_hd64(KvFormat f, int rows_per_cta);
+int decode_ctas_per_sm_hd128(KvFormat f, int rows_per_cta);
+int decode_ctas_per_sm_hd256(KvFormat f, int rows_per_cta);
 
-// Rows (query token x head of a kv head's group) per CTA: 64 when a run has more than 16.
-inline int decode_rows_per_cta(int max_q_len, int group) { return max_q_len * group > 16 ? 64 : 16; }
+// Rows (query token x head of a kv head's group) per CTA: 64 when a run has more than 16; 8, as the
+// MMAs' N side, for 8-bit K/V and runs of at most 8 (plain GQA decode: half the MMAs of 16 rows).
+inline int decode_rows_per_cta(int max_q_len, int group, KvFormat f) {
+  const int rows = max_q_len * group;
+  return rows > 16 ? 64 : (rows <= 8 && f != KvFormat::kHalf) ? 8 : 16;
+}
 
 }  // namespace escala::attn::cuda

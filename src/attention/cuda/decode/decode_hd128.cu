@@ -11,8 +11,6 @@ cudaError_t run_merge_hd128(const DecodeParams& p, bool bf16, cudaStream_t strea
   return run_merge<128>(p, bf16, stream);
 }
 
-int decode_ctas_per_sm_hd128(KvFormat f, bool wide) {
-  return wide ? decode_ctas<128, true>(f) : decode_ctas<128, false>(f);
-}
+int decode_ctas_per_sm_hd128(KvFormat f, int rows_per_cta) { return decode_ctas_per_sm<128>(f, rows_per_cta); }
 
 }  // namespace escala::attn::cuda

@@ -11,8 +11,6 @@ cudaError_t run_merge_hd256(const DecodeParams& p, bool bf16, cudaStream_t strea
   return run_merge<256>(p, bf16, stream);
 }
 
-int decode_ctas_per_sm_hd256(KvFormat f, bool wide) {
-  return wide ? decode_ctas<256, true>(f) : decode_ctas<256, false>(f);
-}
+int decode_ctas_per_sm_hd256(KvFormat f, int rows_per_cta) { return decode_ctas_per_sm<256>(f, rows_per_cta); }
 
 }  // namespace escala::attn::cuda

@@ -11,8 +11,6 @@ cudaError_t run_merge_hd64(const DecodeParams& p, bool bf16, cudaStream_t stream
   return run_merge<64>(p, bf16, stream);
 }
 
-int decode_ctas_per_sm_hd64(KvFormat f, bool wide) {
-  return wide ? decode_ctas<64, true>(f) : decode_ctas<64, false>(f);
-}
+int decode_ctas_per_sm_hd64(KvFormat f, int rows_per_cta) { return decode_ctas_per_sm<64>(f, rows_per_cta); }
 
 }  // namespace escala::attn::cuda

@@ -32,13 +32,19 @@
 
 namespace escala::attn::cuda {
 
-// kWide: the CTA's 4 warps take 16 rows each (64 rows) and share every K/V tile (long query runs
-// and cascade prefixes: 4x fewer K/V reads); otherwise they share 16 rows and split the keys.
-template <int D, class T, KvFormat F, bool kWide>
+// kRowsCta (query rows per CTA): 64, "wide": the CTA's 4 warps take 16 rows each and share every
+// K/V tile (long query runs and cascade prefixes: 4x fewer K/V reads); 16: the warps share the rows
+// and split the keys; 8 ("columns", 8-bit K/V only): as 16, but the rows are the N side of the MMAs
+// and keys / head dims their M side, so a GQA group of 4 fills half of each m16n8k16 instead of a
+// quarter (half the MMAs, half the softmax work per tile).
+template <int D, class T, KvFormat F, int kRowsCta>
 struct DecodeCfg {
   static constexpr int kWarps = 4, kThreads = 32 * kWarps;
-  static constexpr int kRows = kWide ? 64 : 16;  // query rows per CTA
+  static constexpr int kRows = kRowsCta;
+  static constexpr bool kWide = kRows == 64;
+  static constexpr bool kColumns = kRows == 8;
   static constexpr bool kQuant = F != KvFormat::kHalf;
+  static_assert(kRows == 64 || kRows == 16 || (kRows == 8 && kQuant), "row forms");
   using MmaT = std::conditional_t<kQuant, __half, T>;
   static constexpr int kElemBytes = kQuant ? 1 : 2;
   static constexpr int kRowBytes = D * kElemBytes;
@@ -148,6 +154,48 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
     return row * Cfg::kRowPitch + chunk * 16;
 }
 
+// The transpose of an 8 x 8 16-bit matrix held as an m8n8 fragment (each thread row lane / 4,
+// columns 2 (lane % 4) and + 1).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// softmax_update (online_softmax.cuh) for the columns form: s[m][e] is key 16 m + g + 8 (e / 2) of
+// row 2 t4 + (e & 1), so a row's scores are spread over the 8 lanes of one t4.
+template <int kMT>
+__device__ __forceinline__ void softmax_update_columns(float (&s)[kMT][4], float (&row_max)[2], float (&row_sum)[2],
+                                                       float scale_log2, float (&alpha)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = row_max[r];
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) mx = fmaxf(mx, fmaxf(s[m][r], s[m][r + 2]));
+#pragma unroll
+    for (int off = 4; off < 32; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    const float m_use = mx == -INFINITY ? 0.0f : mx;
+    alpha[r] = mx == row_max[r] ? 1.0f : fast_exp2((row_max[r] - m_use) * scale_log2);
+    row_max[r] = mx;
+    const float ms = m_use * scale_log2;
+    float sum = 0.0f;
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) {
+      s[m][r] = fast_exp2(fmaf(s[m][r], scale_log2, -ms));
+      s[m][r + 2] = fast_exp2(fmaf(s[m][r + 2], scale_log2, -ms));
+      sum += s[m][r] + s[m][r + 2];
+    }
+    row_sum[r] = row_sum[r] * alpha[r] + sum;
+  }
+}
+
+// A columns-form row's sum over the 8 lanes (g = 0..7) that hold its keys.
+__device__ __forceinline__ float column_total(float partial) {
+#pragma unroll
+  for (int off = 4; off < 32; off *= 2) partial += __shfl_xor_sync(0xffffffffu, partial, off);
+  return partial;
+}
+
 // The third and fourth components of a float2 / float4 (0 for a float2: not read).
 __device__ __forceinline__ float vec_z(const float2&) { return 0.0f; }
 __device__ __forceinline__ float vec_w(const float2&) { return 0.0f; }
@@ -234,11 +282,12 @@ __device__ __forceinline__ void merge_split_row(const DecodeParams& p, int b, in
     p.lse[int64_t(q0 + i) * p.num_heads + h] = l > 0.0f ? mx + __logf(l) : -INFINITY;
 }
 
-template <int D, class T, KvFormat F, bool kWide>
+template <int D, class T, KvFormat F, int kRowsCta>
 __global__ void __launch_bounds__(128)
     decode_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_k,
                   const __grid_constant__ CUtensorMap tm_v) {
-  using Cfg = DecodeCfg<D, T, F, kWide>;
+  using Cfg = DecodeCfg<D, T, F, kRowsCta>;
+  constexpr bool kWide = Cfg::kWide, kCols = Cfg::kColumns;
   using MT = typename Cfg::MmaT;
   using M = MmaType<MT>;
   constexpr int kKT = D / 16;  // k-steps of QK
@@ -267,30 +316,36 @@ __global__ void __launch_bounds__(128)
   const int64_t qp_min = row0 / p.group + shift, qp_max = row_hi / p.group + shift;
   const int warp_row0 = row0 + (kWide ? 16 * warp : 0);  // this warp's 16 rows
 
-  // This thread's two rows (g, g + 8): token, query head, mask.
+  // This thread's two rows (g and g + 8 of the warp's 16; in the columns form 2 t4 and 2 t4 + 1 of
+  // the CTA's 8): token, query head, mask.
   int tok[2], head[2];
   bool valid[2];
   RowMask rmask[2] = {RowMask(p.mask, 0, 0), RowMask(p.mask, 0, 0)};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int pr = warp_row0 + g + 8 * r;
+    const int pr = kCols ? row0 + 2 * t4 + r : warp_row0 + g + 8 * r;
     valid[r] = pr < rows;
     tok[r] = valid[r] ? pr / p.group : 0;
     head[r] = hk * p.group + (valid[r] ? pr % p.group : 0);
     rmask[r] = valid[r] ? RowMask(p.mask, tok[r] + shift, kv_len) : RowMask(p.mask, -1, 0);
   }
 
-  // Q fragments, loaded once (raw dot units; the scale is folded into exp2).
+  // Q fragments, loaded once (raw dot units; the scale is folded into exp2): A operands of rows g
+  // and g + 8, or in the columns form B operands of CTA row g (qf[kk][0..1]).
+  const int q_col_row = row0 + g;
   uint32_t qf[kKT][4];
 #pragma unroll
   for (int kk = 0; kk < kKT; ++kk)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e & 1;  // a0: row g, a1: row g+8, a2: row g, a3: row g+8
-      const int d = kQuant ? 16 * kk + 4 * t4 + 2 * (e >> 1) : 16 * kk + 8 * (e >> 1) + 2 * t4;
+      const int d = kQuant ? 16 * kk + 4 * t4 + 2 * (kCols ? e : e >> 1) : 16 * kk + 8 * (e >> 1) + 2 * t4;
+      const bool q_ok = kCols ? e < 2 && q_col_row < rows : valid[r];
+      const int q_tok = kCols ? q_col_row / p.group : tok[r];
+      const int q_head = kCols ? hk * p.group + q_col_row % p.group : head[r];
       uint32_t v = 0;
-      if (valid[r]) {
-        const T* qrow = static_cast<const T*>(p.q) + int64_t(q0 + tok[r]) * p.q_row_stride + head[r] * p.q_head_stride;
+      if (q_ok) {
+        const T* qrow = static_cast<const T*>(p.q) + int64_t(q0 + q_tok) * p.q_row_stride + q_head * p.q_head_stride;
         const uint32_t raw = *reinterpret_cast<const uint32_t*>(qrow + d);
         if constexpr (kQuant && !std::is_same_v<T, __half>) {
           const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw));
@@ -440,9 +495,12 @@ __global__ void __launch_bounds__(128)
     cp_async_commit();  // an empty group keeps the wait counts uniform
   };
 
-  float o[kDT][4];
+  // O accumulators: n-tiles of head dims (rows on M), or in the columns form O^T's m-tiles of 16
+  // head dims (rows on N).
+  constexpr int kOT = kCols ? D / 16 : kDT;
+  float o[kOT][4];
 #pragma unroll
-  for (int j = 0; j < kDT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  for (int j = 0; j < kOT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
   const int my_tiles = kWide ? t_end - t_begin
@@ -475,100 +533,173 @@ __global__ void __launch_bounds__(128)
       __syncwarp();
     }
 
-    // S = Q K^T for 16 rows x kKeys keys.
-    constexpr int kNT = Cfg::kNT;
-    float s[kNT][4];
+    if constexpr (kCols) {
+      // S^T = K Q^T: keys on the M side (kKeys / 16 m-tiles), the CTA's 8 rows on N; s[m][e] is
+      // key 16 m + g + 8 (e / 2) of row 2 t4 + (e & 1). Same shared loads and conversions as the
+      // 16-row form, half the MMAs.
+      constexpr int kMT = Cfg::kKeys / 16;
+      float s[kMT][4];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    if constexpr (!kQuant) {
-#pragma unroll
-      for (int j2 = 0; j2 < kNT; j2 += 2) {
-        const int key = 8 * j2 + ((lane >> 4) << 3) + (lane & 7);
-#pragma unroll
-        for (int kk = 0; kk < kKT; ++kk) {
-          uint32_t bf[4];
-          const int chunk = 2 * kk + ((lane >> 3) & 1);
-          ldmatrix_x4(bf, smem_addr(sk + tile_offset<Cfg>(key, chunk)));
-          M::mma(s[j2], qf[kk], bf[0], bf[1]);
-          M::mma(s[j2 + 1], qf[kk], bf[2], bf[3]);
-        }
-      }
-    } else {
+      for (int m = 0; m < kMT; ++m) s[m][0] = s[m][1] = s[m][2] = s[m][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < kKT; ++kk)
 #pragma unroll
-        for (int j = 0; j < kNT; ++j) {
-          const int key = 8 * j + g;
-          const uint32_t w = *reinterpret_cast<const uint32_t*>(sk + tile_offset<Cfg>(key, kk) + 4 * t4);
-          M::mma(s[j], qf[kk], cvt8x2<F>(w, false), cvt8x2<F>(w, true));
+        for (int m = 0; m < kMT; ++m) {
+          const uint32_t w0 = *reinterpret_cast<const uint32_t*>(sk + tile_offset<Cfg>(16 * m + g, kk) + 4 * t4);
+          const uint32_t w1 = *reinterpret_cast<const uint32_t*>(sk + tile_offset<Cfg>(16 * m + g + 8, kk) + 4 * t4);
+          const uint32_t a[4] = {cvt8x2<F>(w0, false), cvt8x2<F>(w1, false), cvt8x2<F>(w0, true), cvt8x2<F>(w1, true)};
+          M::mma(s[m], a, qf[kk][0], qf[kk][1]);
         }
       const float* ks = reinterpret_cast<const float*>(sk + 2 * Cfg::kTileBytes);
+      const float* vs = ks + Cfg::kKeys;
 #pragma unroll
-      for (int j = 0; j < kNT; ++j)
+      for (int m = 0; m < kMT; ++m)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] *= ks[8 * j + 2 * t4 + (e & 1)] * format_scale_factor<F>();
-    }
-
-    // Soft-cap, mask, online softmax.
-    if (p.softcap > 0.0f) {
-      const float in = p.scale / p.softcap, out = p.softcap / p.scale;
+        for (int e = 0; e < 4; ++e) s[m][e] *= ks[16 * m + g + 8 * (e >> 1)] * format_scale_factor<F>();
+      if (p.softcap > 0.0f) {
+        const float in = p.scale / p.softcap, out = p.softcap / p.scale;
 #pragma unroll
-      for (int j = 0; j < kNT; ++j)
+        for (int m = 0; m < kMT; ++m)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] = out * accurate_tanh(s[j][e] * in);
-    }
-    if (!tile_fully_visible(p.mask, qp_min, qp_max, key_lo, Cfg::kKeys, kv_len)) {
+          for (int e = 0; e < 4; ++e) s[m][e] = out * accurate_tanh(s[m][e] * in);
+      }
+      if (!tile_fully_visible(p.mask, qp_min, qp_max, key_lo, Cfg::kKeys, kv_len)) {
 #pragma unroll
-      for (int j = 0; j < kNT; ++j)
+        for (int m = 0; m < kMT; ++m)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!rmask[e / 2].visible(key_lo + 8 * j + 2 * t4 + (e & 1))) s[j][e] = -INFINITY;
-    }
-    float alpha[2];
-    softmax_update<kNT>(s, row_max, row_sum, p.scale_log2, alpha);
-    // Once the running max settles (most tiles of a long row), alpha is exactly 1: skip the pass.
-    if (warp_needs_rescale(alpha)) rescale_rows<kDT>(o, alpha);
-    if constexpr (kQuant) {
-      const float* vs = reinterpret_cast<const float*>(sk + 2 * Cfg::kTileBytes) + Cfg::kKeys;
+          for (int e = 0; e < 4; ++e)
+            if (!rmask[e & 1].visible(key_lo + 16 * m + g + 8 * (e >> 1))) s[m][e] = -INFINITY;
+      }
+      float alpha[2];
+      softmax_update_columns<kMT>(s, row_max, row_sum, p.scale_log2, alpha);
+      if (warp_needs_rescale(alpha)) {
 #pragma unroll
-      for (int j = 0; j < kNT; ++j)
+        for (int j = 0; j < kOT; ++j) o[j][0] *= alpha[0], o[j][1] *= alpha[1], o[j][2] *= alpha[0], o[j][3] *= alpha[1];
+      }
+      // P^T as B operands of O^T += V^T P^T: each 8 x 8 block (keys g, rows 2 t4 and + 1) transposed.
+      uint32_t pb[kMT][2];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] *= vs[8 * j + 2 * t4 + (e & 1)] * format_scale_factor<F>();
-    }
-    uint32_t pf[kNT / 2][4];
-    pack_p<MT, kNT>(s, pf);
-
-    // O += P V, one 16-key k-step at a time.
+      for (int m = 0; m < kMT; ++m) {
 #pragma unroll
-    for (int ks16 = 0; ks16 < kNT / 2; ++ks16) {
-    if constexpr (!kQuant) {
-      const int key = 16 * ks16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+        for (int e = 0; e < 4; ++e) s[m][e] *= vs[16 * m + g + 8 * (e >> 1)] * format_scale_factor<F>();
+        pb[m][0] = movmatrix_trans(M::pack(s[m][0], s[m][1]));
+        pb[m][1] = movmatrix_trans(M::pack(s[m][2], s[m][3]));
+      }
+      // V^T as A operands from the same words as the 16-row form: m-tile 2 q + h holds head dims
+      // 32 q + 4 g + 2 h (row g) and + 1 (row g + 8).
 #pragma unroll
-      for (int j = 0; j < kDT; j += 2) {
-        uint32_t bf[4];
-        const int chunk = j + (lane >> 4);
-        ldmatrix_x4_trans(bf, smem_addr(sv + tile_offset<Cfg>(key, chunk)));
-        M::mma(o[j], pf[ks16], bf[0], bf[1]);
-        M::mma(o[j + 1], pf[ks16], bf[2], bf[3]);
+      for (int m = 0; m < kMT; ++m) {
+        const int keys[4] = {16 * m + 2 * t4, 16 * m + 2 * t4 + 1, 16 * m + 2 * t4 + 8, 16 * m + 2 * t4 + 9};
+#pragma unroll
+        for (int q = 0; q < D / 32; ++q) {
+          uint32_t w[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            w[k] = *reinterpret_cast<const uint32_t*>(sv + tile_offset<Cfg>(keys[k], 2 * q + (g >> 2)) + ((4 * g) & 15));
+          const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5140), hi0 = __byte_perm(w[0], w[1], 0x7362);
+          const uint32_t lo1 = __byte_perm(w[2], w[3], 0x5140), hi1 = __byte_perm(w[2], w[3], 0x7362);
+          const uint32_t a0[4] = {cvt8x2<F>(lo0, false), cvt8x2<F>(lo0, true), cvt8x2<F>(lo1, false), cvt8x2<F>(lo1, true)};
+          const uint32_t a1[4] = {cvt8x2<F>(hi0, false), cvt8x2<F>(hi0, true), cvt8x2<F>(hi1, false), cvt8x2<F>(hi1, true)};
+          M::mma(o[2 * q], a0, pb[m][0], pb[m][1]);
+          M::mma(o[2 * q + 1], a1, pb[m][0], pb[m][1]);
+        }
       }
     } else {
-      const int k0s = 16 * ks16;
-      const int keys[4] = {k0s + 2 * t4, k0s + 2 * t4 + 1, k0s + 2 * t4 + 8, k0s + 2 * t4 + 9};
+      // S = Q K^T for 16 rows x kKeys keys.
+      constexpr int kNT = Cfg::kNT;
+      float s[kNT][4];
 #pragma unroll
-      for (int q = 0; q < D / 32; ++q) {
-        uint32_t w[4];
+      for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      if constexpr (!kQuant) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
-          w[k] = *reinterpret_cast<const uint32_t*>(sv + tile_offset<Cfg>(keys[k], 2 * q + (g >> 2)) + ((4 * g) & 15));
-        // Interleave the two keys of each B register: bytes (d0 k0, d0 k1, d1 k0, d1 k1).
-        const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5140), hi0 = __byte_perm(w[0], w[1], 0x7362);
-        const uint32_t lo1 = __byte_perm(w[2], w[3], 0x5140), hi1 = __byte_perm(w[2], w[3], 0x7362);
-        M::mma(o[4 * q + 0], pf[ks16], cvt8x2<F>(lo0, false), cvt8x2<F>(lo1, false));
-        M::mma(o[4 * q + 1], pf[ks16], cvt8x2<F>(lo0, true), cvt8x2<F>(lo1, true));
-        M::mma(o[4 * q + 2], pf[ks16], cvt8x2<F>(hi0, false), cvt8x2<F>(hi1, false));
-        M::mma(o[4 * q + 3], pf[ks16], cvt8x2<F>(hi0, true), cvt8x2<F>(hi1, true));
+        for (int j2 = 0; j2 < kNT; j2 += 2) {
+          const int key = 8 * j2 + ((lane >> 4) << 3) + (lane & 7);
+#pragma unroll
+          for (int kk = 0; kk < kKT; ++kk) {
+            uint32_t bf[4];
+            const int chunk = 2 * kk + ((lane >> 3) & 1);
+            ldmatrix_x4(bf, smem_addr(sk + tile_offset<Cfg>(key, chunk)));
+            M::mma(s[j2], qf[kk], bf[0], bf[1]);
+            M::mma(s[j2 + 1], qf[kk], bf[2], bf[3]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kKT; ++kk)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) {
+            const int key = 8 * j + g;
+            const uint32_t w = *reinterpret_cast<const uint32_t*>(sk + tile_offset<Cfg>(key, kk) + 4 * t4);
+            M::mma(s[j], qf[kk], cvt8x2<F>(w, false), cvt8x2<F>(w, true));
+          }
+        const float* ks = reinterpret_cast<const float*>(sk + 2 * Cfg::kTileBytes);
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[j][e] *= ks[8 * j + 2 * t4 + (e & 1)] * format_scale_factor<F>();
       }
-    }
+
+      // Soft-cap, mask, online softmax.
+      if (p.softcap > 0.0f) {
+        const float in = p.scale / p.softcap, out = p.softcap / p.scale;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[j][e] = out * accurate_tanh(s[j][e] * in);
+      }
+      if (!tile_fully_visible(p.mask, qp_min, qp_max, key_lo, Cfg::kKeys, kv_len)) {
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (!rmask[e / 2].visible(key_lo + 8 * j + 2 * t4 + (e & 1))) s[j][e] = -INFINITY;
+      }
+      float alpha[2];
+      softmax_update<kNT>(s, row_max, row_sum, p.scale_log2, alpha);
+      // Once the running max settles (most tiles of a long row), alpha is exactly 1: skip the pass.
+      if (warp_needs_rescale(alpha)) rescale_rows<kDT>(o, alpha);
+      if constexpr (kQuant) {
+        const float* vs = reinterpret_cast<const float*>(sk + 2 * Cfg::kTileBytes) + Cfg::kKeys;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[j][e] *= vs[8 * j + 2 * t4 + (e & 1)] * format_scale_factor<F>();
+      }
+      uint32_t pf[kNT / 2][4];
+      pack_p<MT, kNT>(s, pf);
+
+      // O += P V, one 16-key k-step at a time.
+#pragma unroll
+      for (int ks16 = 0; ks16 < kNT / 2; ++ks16) {
+        if constexpr (!kQuant) {
+          const int key = 16 * ks16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+          for (int j = 0; j < kDT; j += 2) {
+            uint32_t bf[4];
+            const int chunk = j + (lane >> 4);
+            ldmatrix_x4_trans(bf, smem_addr(sv + tile_offset<Cfg>(key, chunk)));
+            M::mma(o[j], pf[ks16], bf[0], bf[1]);
+            M::mma(o[j + 1], pf[ks16], bf[2], bf[3]);
+          }
+        } else {
+          const int k0s = 16 * ks16;
+          const int keys[4] = {k0s + 2 * t4, k0s + 2 * t4 + 1, k0s + 2 * t4 + 8, k0s + 2 * t4 + 9};
+#pragma unroll
+          for (int q = 0; q < D / 32; ++q) {
+            uint32_t w[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+              w[k] = *reinterpret_cast<const uint32_t*>(sv + tile_offset<Cfg>(keys[k], 2 * q + (g >> 2)) + ((4 * g) & 15));
+            // Interleave the two keys of each B register: bytes (d0 k0, d0 k1, d1 k0, d1 k1).
+            const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5140), hi0 = __byte_perm(w[0], w[1], 0x7362);
+            const uint32_t lo1 = __byte_perm(w[2], w[3], 0x5140), hi1 = __byte_perm(w[2], w[3], 0x7362);
+            M::mma(o[4 * q + 0], pf[ks16], cvt8x2<F>(lo0, false), cvt8x2<F>(lo1, false));
+            M::mma(o[4 * q + 1], pf[ks16], cvt8x2<F>(lo0, true), cvt8x2<F>(lo1, true));
+            M::mma(o[4 * q + 2], pf[ks16], cvt8x2<F>(hi0, false), cvt8x2<F>(hi1, false));
+            M::mma(o[4 * q + 3], pf[ks16], cvt8x2<F>(hi0, true), cvt8x2<F>(hi1, true));
+          }
+        }
+      }
     }
   }
   cp_async_wait<0>();
@@ -584,13 +715,14 @@ __global__ void __launch_bounds__(128)
   float* row_l = row_m + Cfg::kRows;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float l = row_total(row_sum[r]);
-    if (t4 == 0) sm_max[warp * 16 + g + 8 * r] = row_max[r], sm_sum[warp * 16 + g + 8 * r] = l;
+    const float l = kCols ? column_total(row_sum[r]) : row_total(row_sum[r]);
+    const int row = kCols ? 2 * t4 + r : g + 8 * r;
+    if ((kCols ? g : t4) == 0) sm_max[warp * 16 + row] = row_max[r], sm_sum[warp * 16 + row] = l;
   }
   __syncthreads();
   if (kWide && threadIdx.x < Cfg::kRows) {
     row_m[threadIdx.x] = sm_max[threadIdx.x], row_l[threadIdx.x] = sm_sum[threadIdx.x];
-  } else if (!kWide && threadIdx.x < 16) {
+  } else if (!kWide && threadIdx.x < Cfg::kRows) {
     float mx = -INFINITY;
     for (int w = 0; w < Cfg::kWarps; ++w) mx = fmaxf(mx, sm_max[w * 16 + threadIdx.x]);
     float l = 0.0f;
@@ -602,17 +734,25 @@ __global__ void __launch_bounds__(128)
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = g + 8 * r;
+    const int row = kCols ? 2 * t4 + r : g + 8 * r;
     float mx = -INFINITY;
     if (kWide) mx = row_max[r];
     else
       for (int w = 0; w < Cfg::kWarps; ++w) mx = fmaxf(mx, sm_max[w * 16 + row]);
     const float f = row_max[r] == -INFINITY ? 0.0f : fast_exp2((row_max[r] - mx) * p.scale_log2);
     float* dst = slab + (warp * 16 + row) * D;
+    if constexpr (kCols) {
 #pragma unroll
-    for (int j = 0; j < kDT; ++j)
+      for (int j = 0; j < kOT; ++j) {
+        const int d = 32 * (j / 2) + 4 * g + 2 * (j % 2);
+        dst[d] = o[j][r] * f, dst[d + 1] = o[j][r + 2] * f;
+      }
+    } else {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) dst[o_column<kQuant>(j, 2 * t4 + e)] = o[j][2 * r + e] * f;
+      for (int j = 0; j < kDT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) dst[o_column<kQuant>(j, 2 * t4 + e)] = o[j][2 * r + e] * f;
+    }
   }
   __syncthreads();
 

@@ -26,10 +26,10 @@ cudaError_t launch_merge(const DecodeParams& p, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, decode_merge_kernel<D, T>, p);
 }
 
-template <int D, class T, KvFormat F, bool kWide>
+template <int D, class T, KvFormat F, int kRows>
 cudaError_t launch_decode(const DecodeParams& p, const KvMaps& maps, cudaStream_t stream) {
-  using Cfg = DecodeCfg<D, T, F, kWide>;
-  auto kernel = decode_kernel<D, T, F, kWide>;
+  using Cfg = DecodeCfg<D, T, F, kRows>;
+  auto kernel = decode_kernel<D, T, F, kRows>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (attr != cudaSuccess) return attr;
@@ -37,21 +37,24 @@ cudaError_t launch_decode(const DecodeParams& p, const KvMaps& maps, cudaStream_
                   static_cast<unsigned>(p.batch));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps.k, maps.v);
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess || p.num_splits == 1 || (!kWide && p.merge_counters != nullptr)) return e;
+  if (e != cudaSuccess || p.num_splits == 1 || (!Cfg::kWide && p.merge_counters != nullptr)) return e;
   return launch_merge<D, T>(p, stream);
 }
 
 template <int D, class T, KvFormat F>
 cudaError_t launch_decode(const DecodeParams& p, const KvMaps& maps, cudaStream_t stream) {
-  return p.rows_per_cta == 64 ? launch_decode<D, T, F, true>(p, maps, stream)
-                              : launch_decode<D, T, F, false>(p, maps, stream);
+  if (p.rows_per_cta == 64) return launch_decode<D, T, F, 64>(p, maps, stream);
+  if constexpr (F != KvFormat::kHalf) {
+    if (p.rows_per_cta == 8) return launch_decode<D, T, F, 8>(p, maps, stream);
+  }
+  return launch_decode<D, T, F, 16>(p, maps, stream);
 }
 
-template <int D, class T, KvFormat F, bool kWide>
+template <int D, class T, KvFormat F, int kRows>
 int ctas_per_sm() {
-  using Cfg = DecodeCfg<D, T, F, kWide>;
+  using Cfg = DecodeCfg<D, T, F, kRows>;
   static const int n = [] {
-    auto kernel = decode_kernel<D, T, F, kWide>;
+    auto kernel = decode_kernel<D, T, F, kRows>;
     int blocks = 1;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Cfg::kThreads, Cfg::kSmemBytes) != cudaSuccess)
@@ -85,14 +88,19 @@ cudaError_t run_decode(const DecodeParams& p, const KvMaps& maps, bool bf16, KvF
 }
 
 // Occupancy depends on shared memory and registers, which the q dtype barely changes.
-template <int D, bool kWide>
+template <int D, int kRows>
 int decode_ctas(KvFormat f) {
   switch (f) {
-    case KvFormat::kHalf: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kHalf, kWide>();
-    case KvFormat::kInt8: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kInt8, kWide>();
-    case KvFormat::kFp8: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kFp8, kWide>();
+    case KvFormat::kHalf: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kHalf, kRows == 8 ? 16 : kRows>();
+    case KvFormat::kInt8: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kInt8, kRows>();
+    case KvFormat::kFp8: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kFp8, kRows>();
   }
   return 1;
+}
+
+template <int D>
+int decode_ctas_per_sm(KvFormat f, int rows_per_cta) {
+  return rows_per_cta == 64 ? decode_ctas<D, 64>(f) : rows_per_cta == 8 ? decode_ctas<D, 8>(f) : decode_ctas<D, 16>(f);
 }
 
 }  // namespace escala::attn::cuda
