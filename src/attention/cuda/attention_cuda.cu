@@ -130,8 +130,7 @@ int sm_count() {
 }
 
 int row_tiles(const AttentionParams& p, int max_q_len) {
-  const int group = p.num_heads / p.num_kv_heads;
-  const int per = cuda::decode_rows_per_cta(max_q_len, group, kv_format(p.kv_dtype));
+  const int group = p.num_heads / p.num_kv_heads, per = cuda::decode_rows_per_cta(max_q_len, group);
   return (max_q_len * group + per - 1) / per;
 }
 
@@ -228,7 +227,7 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
   k.k_scale = p.k_scale, k.v_scale = p.v_scale;
   k.batch = p.batch, k.num_heads = p.num_heads, k.num_kv_heads = p.num_kv_heads;
   k.group = p.num_heads / p.num_kv_heads;
-  k.rows_per_cta = cuda::decode_rows_per_cta(max_q_len, k.group, kv_format(p.kv_dtype));
+  k.rows_per_cta = cuda::decode_rows_per_cta(max_q_len, k.group);
   k.row_tiles = row_tiles(p, max_q_len);
   k.max_q_len = max_q_len;
   k.scale = effective_scale(p);
@@ -302,7 +301,7 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
 int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len) {
   if (p.num_kv_heads < 1 || p.num_heads < p.num_kv_heads || max_q_len < 1) return 1;
   const cuda::KvFormat f = kv_format(p.kv_dtype);
-  const int rows_per_cta = cuda::decode_rows_per_cta(max_q_len, p.num_heads / p.num_kv_heads, f);
+  const int rows_per_cta = cuda::decode_rows_per_cta(max_q_len, p.num_heads / p.num_kv_heads);
   const bool wide = rows_per_cta == 64;
   const int occupancy = p.head_dim <= 64    ? cuda::decode_ctas_per_sm_hd64(f, rows_per_cta)
                         : p.head_dim <= 128 ? cuda::decode_ctas_per_sm_hd128(f, rows_per_cta)

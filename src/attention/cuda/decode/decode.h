@@ -37,10 +37,10 @@ int decode_ctas_per_sm_hd128(KvFormat f, int rows_per_cta);
 int decode_ctas_per_sm_hd256(KvFormat f, int rows_per_cta);
 
 // Rows (query token x head of a kv head's group) per CTA: 64 when a run has more than 16; 8, as the
-// MMAs' N side, for 8-bit K/V and runs of at most 8 (plain GQA decode: half the MMAs of 16 rows).
-inline int decode_rows_per_cta(int max_q_len, int group, KvFormat f) {
+// MMAs' N side, for runs of at most 8 (plain GQA decode: half the MMAs of 16 rows); else 16.
+inline int decode_rows_per_cta(int max_q_len, int group) {
   const int rows = max_q_len * group;
-  return rows > 16 ? 64 : (rows <= 8 && f != KvFormat::kHalf) ? 8 : 16;
+  return rows > 16 ? 64 : rows <= 8 ? 8 : 16;
 }
 
 }  // namespace escala::attn::cuda

@@ -44,7 +44,7 @@ struct DecodeCfg {
   static constexpr bool kWide = kRows == 64;
   static constexpr bool kColumns = kRows == 8;
   static constexpr bool kQuant = F != KvFormat::kHalf;
-  static_assert(kRows == 64 || kRows == 16 || (kRows == 8 && kQuant), "row forms");
+  static_assert(kRows == 64 || kRows == 16 || kRows == 8, "row forms");
   using MmaT = std::conditional_t<kQuant, __half, T>;
   static constexpr int kElemBytes = kQuant ? 1 : 2;
   static constexpr int kRowBytes = D * kElemBytes;
@@ -70,8 +70,13 @@ struct DecodeCfg {
   // ~28 KB of ring per warp: two CTAs (8 warps) per SM on Hopper for d <= 128. One shared ring of
   // about the same total in the wide form.
   static constexpr int kRings = kWide ? 1 : kWarps;
-  // 128-byte rows: two stages per warp, so that three CTAs (12 warps) fit on an SM.
-  static constexpr int kStagesRaw = (kWide ? 98304 : (kRowBytes == 128 ? 20480 : 28672)) / kStageBytes;
+  // 128-byte rows: two stages per warp, so that three CTAs (12 warps) fit on an SM; but fp8 in the
+  // columns form, whose tiles cost a warp little, keeps two tiles in flight per warp with three
+  // stages at two CTAs per SM (H200: fp8 128 x 32k -3.5%, 64 x 4k -11%; int8, whose conversions
+  // cost twice fp8's, was 6% slower so).
+  static constexpr bool kThreeStages128 = F == KvFormat::kFp8 && kColumns;
+  static constexpr int kStagesRaw =
+      (kWide ? 98304 : (kRowBytes == 128 && !kThreeStages128 ? 20480 : 28672)) / kStageBytes;
   static constexpr int kStageCap = kWide ? 8 : 6;
   static constexpr int kStages = kStagesRaw < 2 ? 2 : (kStagesRaw > kStageCap ? kStageCap : kStagesRaw);
   static constexpr int kRingBytes = kRings * kStages * kStageBytes;
@@ -339,7 +344,8 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e & 1;  // a0: row g, a1: row g+8, a2: row g, a3: row g+8
-      const int d = kQuant ? 16 * kk + 4 * t4 + 2 * (kCols ? e : e >> 1) : 16 * kk + 8 * (e >> 1) + 2 * t4;
+      const int half = kCols ? e : e >> 1;  // the fragment's k-half
+      const int d = kQuant ? 16 * kk + 4 * t4 + 2 * half : 16 * kk + 8 * half + 2 * t4;
       const bool q_ok = kCols ? e < 2 && q_col_row < rows : valid[r];
       const int q_tok = kCols ? q_col_row / p.group : tok[r];
       const int q_head = kCols ? hk * p.group + q_col_row % p.group : head[r];
@@ -545,17 +551,25 @@ __global__ void __launch_bounds__(128)
       for (int kk = 0; kk < kKT; ++kk)
 #pragma unroll
         for (int m = 0; m < kMT; ++m) {
-          const uint32_t w0 = *reinterpret_cast<const uint32_t*>(sk + tile_offset<Cfg>(16 * m + g, kk) + 4 * t4);
-          const uint32_t w1 = *reinterpret_cast<const uint32_t*>(sk + tile_offset<Cfg>(16 * m + g + 8, kk) + 4 * t4);
-          const uint32_t a[4] = {cvt8x2<F>(w0, false), cvt8x2<F>(w1, false), cvt8x2<F>(w0, true), cvt8x2<F>(w1, true)};
+          uint32_t a[4];
+          if constexpr (kQuant) {
+            const uint32_t w0 = *reinterpret_cast<const uint32_t*>(sk + tile_offset<Cfg>(16 * m + g, kk) + 4 * t4);
+            const uint32_t w1 = *reinterpret_cast<const uint32_t*>(sk + tile_offset<Cfg>(16 * m + g + 8, kk) + 4 * t4);
+            a[0] = cvt8x2<F>(w0, false), a[1] = cvt8x2<F>(w1, false), a[2] = cvt8x2<F>(w0, true), a[3] = cvt8x2<F>(w1, true);
+          } else {
+            // K rows 16 m + (lane & 15), head-dim halves by lane / 16: the A fragment as stored.
+            ldmatrix_x4(a, smem_addr(sk + tile_offset<Cfg>(16 * m + (lane & 15), 2 * kk + (lane >> 4))));
+          }
           M::mma(s[m], a, qf[kk][0], qf[kk][1]);
         }
       const float* ks = reinterpret_cast<const float*>(sk + 2 * Cfg::kTileBytes);
       const float* vs = ks + Cfg::kKeys;
+      if constexpr (kQuant) {
 #pragma unroll
-      for (int m = 0; m < kMT; ++m)
+        for (int m = 0; m < kMT; ++m)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[m][e] *= ks[16 * m + g + 8 * (e >> 1)] * format_scale_factor<F>();
+          for (int e = 0; e < 4; ++e) s[m][e] *= ks[16 * m + g + 8 * (e >> 1)] * format_scale_factor<F>();
+      }
       if (p.softcap > 0.0f) {
         const float in = p.scale / p.softcap, out = p.softcap / p.scale;
 #pragma unroll
@@ -580,15 +594,28 @@ __global__ void __launch_bounds__(128)
       uint32_t pb[kMT][2];
 #pragma unroll
       for (int m = 0; m < kMT; ++m) {
+        if constexpr (kQuant) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[m][e] *= vs[16 * m + g + 8 * (e >> 1)] * format_scale_factor<F>();
+          for (int e = 0; e < 4; ++e) s[m][e] *= vs[16 * m + g + 8 * (e >> 1)] * format_scale_factor<F>();
+        }
         pb[m][0] = movmatrix_trans(M::pack(s[m][0], s[m][1]));
         pb[m][1] = movmatrix_trans(M::pack(s[m][2], s[m][3]));
       }
-      // V^T as A operands from the same words as the 16-row form: m-tile 2 q + h holds head dims
-      // 32 q + 4 g + 2 h (row g) and + 1 (row g + 8).
+      // V^T as A operands. 16-bit: m-tile j holds head dims 16 j + g and + 8, each 8 x 8 block a
+      // transposed load of the stored V. 8-bit, from the same words as the 16-row form: m-tile
+      // 2 q + h holds head dims 32 q + 4 g + 2 h (row g) and + 1 (row g + 8).
 #pragma unroll
-      for (int m = 0; m < kMT; ++m) {
+      for (int m = 0; m < kMT && !kQuant; ++m) {
+        const int key = 16 * m + (lane & 7) + ((lane >> 4) << 3);
+#pragma unroll
+        for (int j = 0; j < kOT; ++j) {
+          uint32_t a[4];
+          ldmatrix_x4_trans(a, smem_addr(sv + tile_offset<Cfg>(key, 2 * j + ((lane >> 3) & 1))));
+          M::mma(o[j], a, pb[m][0], pb[m][1]);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kMT && kQuant; ++m) {
         const int keys[4] = {16 * m + 2 * t4, 16 * m + 2 * t4 + 1, 16 * m + 2 * t4 + 8, 16 * m + 2 * t4 + 9};
 #pragma unroll
         for (int q = 0; q < D / 32; ++q) {
@@ -744,8 +771,12 @@ __global__ void __launch_bounds__(128)
     if constexpr (kCols) {
 #pragma unroll
       for (int j = 0; j < kOT; ++j) {
-        const int d = 32 * (j / 2) + 4 * g + 2 * (j % 2);
-        dst[d] = o[j][r] * f, dst[d + 1] = o[j][r + 2] * f;
+        if constexpr (kQuant) {
+          const int d = 32 * (j / 2) + 4 * g + 2 * (j % 2);
+          dst[d] = o[j][r] * f, dst[d + 1] = o[j][r + 2] * f;
+        } else {
+          dst[16 * j + g] = o[j][r] * f, dst[16 * j + g + 8] = o[j][r + 2] * f;
+        }
       }
     } else {
 #pragma unroll

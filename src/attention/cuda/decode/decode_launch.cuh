@@ -44,9 +44,7 @@ cudaError_t launch_decode(const DecodeParams& p, const KvMaps& maps, cudaStream_
 template <int D, class T, KvFormat F>
 cudaError_t launch_decode(const DecodeParams& p, const KvMaps& maps, cudaStream_t stream) {
   if (p.rows_per_cta == 64) return launch_decode<D, T, F, 64>(p, maps, stream);
-  if constexpr (F != KvFormat::kHalf) {
-    if (p.rows_per_cta == 8) return launch_decode<D, T, F, 8>(p, maps, stream);
-  }
+  if (p.rows_per_cta == 8) return launch_decode<D, T, F, 8>(p, maps, stream);
   return launch_decode<D, T, F, 16>(p, maps, stream);
 }
 
@@ -91,7 +89,7 @@ cudaError_t run_decode(const DecodeParams& p, const KvMaps& maps, bool bf16, KvF
 template <int D, int kRows>
 int decode_ctas(KvFormat f) {
   switch (f) {
-    case KvFormat::kHalf: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kHalf, kRows == 8 ? 16 : kRows>();
+    case KvFormat::kHalf: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kHalf, kRows>();
     case KvFormat::kInt8: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kInt8, kRows>();
     case KvFormat::kFp8: return ctas_per_sm<D, __nv_bfloat16, KvFormat::kFp8, kRows>();
   }

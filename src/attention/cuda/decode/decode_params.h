@@ -44,7 +44,7 @@ struct DecodeParams {
   int32_t num_heads = 0;
   int32_t num_kv_heads = 0;
   int32_t group = 1;       // num_heads / num_kv_heads: the query heads packed as MMA rows
-  int32_t rows_per_cta = 16;  // 16 or 8 (8-bit K/V, rows as MMA columns): warps split keys; 64: warps split rows ("wide")
+  int32_t rows_per_cta = 16;  // 16 or 8 (rows as the MMAs' N side): warps split keys; 64: warps split rows ("wide")
   int32_t row_tiles = 1;      // grid.y / num_kv_heads: row tiles of the longest packed query run
   int32_t num_splits = 1;  // grid.x: key ranges per (sequence, kv head, row tile)
   int32_t max_q_len = 0;   // bounds the partials' index space
