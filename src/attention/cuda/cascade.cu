@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -62,6 +64,36 @@ __global__ void write_indices(int32_t* idx, int32_t total_q, int32_t kv_len, int
   idx[0] = 0, idx[1] = total_q, idx[2] = 0, idx[3] = kv_len, idx[4] = 0, idx[5] = pages;
 }
 
+// A second stream of the library's, per device, for the own-token pass: forked from the caller's
+// stream and joined back by events (a CUDA graph capture follows them), so that the pass runs in
+// what the prefix pass leaves idle (SMs beyond its CTAs, and bandwidth) instead of after it. The
+// events are shared, so one fork at a time (the mutex is held from fork to join).
+struct SideStream {
+  std::mutex mu;
+  bool tried = false;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+
+// The current device's side stream, created on first use (null when creation failed).
+SideStream* side_stream() {
+  constexpr int kMaxDevices = 16;
+  static SideStream sides[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return nullptr;
+  SideStream& s = sides[dev];
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.tried) {
+    s.tried = true;
+    if (cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming) != cudaSuccess)
+      s.stream = nullptr;
+    (void)cudaGetLastError();
+  }
+  return s.stream != nullptr ? &s : nullptr;
+}
+
 }  // namespace
 
 Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& prefix, void* stream_ptr,
@@ -88,11 +120,35 @@ Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& pre
   auto* l_own = reinterpret_cast<float*>(base + 2 * o_bytes + l_bytes);
   auto* idx = reinterpret_cast<int32_t*>(base + 2 * o_bytes + 2 * l_bytes);
   const int32_t pages = (prefix.kv_len + p.page_size - 1) / p.page_size;
+
+  // Fork: the own-token pass (below) waits only for what the caller queued before this call.
+  SideStream* side = side_stream();
+  std::unique_lock<std::mutex> fork_lock;
+  cudaStream_t own_stream = stream;
+  if (side != nullptr) {
+    fork_lock = std::unique_lock<std::mutex>(side->mu);
+    e = cudaEventRecord(side->fork, stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(side->stream, side->fork, 0);
+    if (e != cudaSuccess) return fail(std::string("forking the own-token pass: ") + cudaGetErrorString(e));
+    own_stream = side->stream;
+  }
+  // Join: the merge below waits for the own-token pass. Runs on every return after the fork, so
+  // the caller's stream never leaves the side stream's work behind (nor a capture unjoined).
+  auto join = [&]() -> cudaError_t {
+    if (side == nullptr) return cudaSuccess;
+    cudaError_t je = cudaEventRecord(side->join, side->stream);
+    if (je == cudaSuccess) je = cudaStreamWaitEvent(stream, side->join, 0);
+    return je;
+  };
+
   // The prefix call's index arrays, written by a one-thread kernel (a host copy would synchronise).
   int32_t host_idx[6] = {0, static_cast<int32_t>(total_q), 0, prefix.kv_len, 0, pages};
   write_indices<<<1, 1, 0, stream>>>(idx, host_idx[1], host_idx[3], host_idx[5]);
   e = cudaGetLastError();
-  if (e != cudaSuccess) return fail(std::string("index kernel: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess) {
+    join();
+    return fail(std::string("index kernel: ") + cudaGetErrorString(e));
+  }
 
   // The shared prefix: every query sees all of it (it precedes every sequence's own tokens).
   AttentionParams pre = p;
@@ -104,13 +160,20 @@ Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& pre
   CudaOptions po;  // kAuto: the prefill kernel where it reads these pages, the decode kernel otherwise
   po.host_cu_seqlens_q = host_idx, po.host_cu_seqlens_k = host_idx + 2;
   if (prefix.kv_len > 0) {
-    ESCALA_RETURN_IF_ERROR(attention_cuda(pre, stream, po));
+    const Status st = attention_cuda(pre, stream, po);
+    if (!st.ok()) {
+      join();
+      return st;
+    }
   } else {
     // An empty prefix contributes nothing: O = 0, LSE = -inf (a pageable copy: staged at once).
     const std::vector<float> neg(size_t(total_q) * p.num_heads, -INFINITY);
     e = cudaMemcpyAsync(l_pre, neg.data(), l_bytes, cudaMemcpyHostToDevice, stream);
     if (e == cudaSuccess) e = cudaMemsetAsync(o_pre, 0, o_bytes, stream);
-    if (e != cudaSuccess) return fail(cudaGetErrorString(e));
+    if (e != cudaSuccess) {
+      join();
+      return fail(cudaGetErrorString(e));
+    }
   }
 
   // Each sequence's own tokens.
@@ -119,7 +182,29 @@ Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& pre
   own.o_row_stride = int64_t(p.num_heads) * d, own.o_head_stride = d;
   CudaOptions oo = options;
   oo.impl = Impl::kDecode;
-  ESCALA_RETURN_IF_ERROR(attention_cuda(own, stream, oo));
+  if (side != nullptr && oo.workspace == nullptr) {
+    // The passes run at once, and the library's own decode workspace may be the prefix pass's:
+    // the own-token pass gets one of its own.
+    int max_q = 0, max_k = 0;
+    for (int b = 0; b < p.batch; ++b) {
+      max_q = std::max(max_q, options.host_cu_seqlens_q[b + 1] - options.host_cu_seqlens_q[b]);
+      max_k = std::max(max_k, options.host_cu_seqlens_k[b + 1] - options.host_cu_seqlens_k[b]);
+    }
+    oo.num_splits = oo.num_splits > 0 ? oo.num_splits : decode_num_splits(own, max_q, max_k);
+    oo.workspace_bytes = decode_workspace_bytes(own, max_q, oo.num_splits);
+    if (oo.workspace_bytes > 0) {
+      static cuda::DeviceScratch own_workspace;
+      oo.workspace = own_workspace.get(oo.workspace_bytes, e);
+      if (oo.workspace == nullptr) {
+        join();
+        return fail(std::string("allocating the own-token workspace: ") + cudaGetErrorString(e));
+      }
+    }
+  }
+  const Status own_status = attention_cuda(own, own_stream, oo);
+  e = join();
+  ESCALA_RETURN_IF_ERROR(own_status);
+  if (e != cudaSuccess) return fail(std::string("joining the own-token pass: ") + cudaGetErrorString(e));
 
   const int64_t warps = total_q * p.num_heads;
   const unsigned blocks = unsigned((warps * 32 + 127) / 128);
