@@ -33,6 +33,7 @@ struct DecCase {
   DType dt = DType::kBF16;   // q and o
   DType kv = DType::kBF16;   // storage: the q dtype, kI8 or kFp8E4M3
   int page_size = 0;         // 0: contiguous
+  int page_run = 1;          // pages in runs of this many consecutive ones (the runs shuffled)
   bool causal = true;
   int wl = -1, wr = -1, sinks = 0;
   bool sink_logits = false;
@@ -48,7 +49,7 @@ struct DecCase {
     for (int x : kv_lens) os << x << ",";
     os << "} h=" << h << " hk=" << hk << " d=" << d << " q=" << dtype_name(dt) << " kv=" << dtype_name(kv)
        << " page=" << page_size << " causal=" << causal << " window=(" << wl << "," << wr << ") sinks=" << sinks
-       << " sink_logits=" << sink_logits << " softcap=" << softcap << " splits=" << splits;
+       << " sink_logits=" << sink_logits << " softcap=" << softcap << " splits=" << splits << " page_run=" << page_run;
     return os.str();
   }
 };
@@ -87,9 +88,10 @@ struct KvData {
   }
 };
 
-// Stores f32 K/V [total_kv, hk, d] in `fmt`, contiguous or in randomly permuted pages.
+// Stores f32 K/V [total_kv, hk, d] in `fmt`, contiguous or in randomly permuted pages (runs of
+// `page_run` consecutive pages, shuffled as units).
 KvData store_kv(const std::vector<float>& kf, const std::vector<float>& vf, const std::vector<int>& kv_lens, int hk,
-                int d, DType fmt, int page_size, uint64_t seed) {
+                int d, DType fmt, int page_size, uint64_t seed, int page_run = 1) {
   KvData out;
   const size_t eb = dtype_size(fmt);
   const int64_t row = int64_t(hk) * d;
@@ -108,7 +110,16 @@ KvData store_kv(const std::vector<float>& kf, const std::vector<float>& vf, cons
     std::vector<int32_t> perm(num_pages);
     std::iota(perm.begin(), perm.end(), 0);
     std::mt19937_64 rng(seed);
-    std::shuffle(perm.begin(), perm.end(), rng);
+    if (page_run <= 1) {
+      std::shuffle(perm.begin(), perm.end(), rng);
+    } else {
+      std::vector<int32_t> starts;
+      for (int32_t p0 = 0; p0 < num_pages; p0 += page_run) starts.push_back(p0);
+      std::shuffle(starts.begin(), starts.end(), rng);
+      perm.clear();
+      for (int32_t p0 : starts)
+        for (int32_t pg = p0; pg < std::min<int64_t>(p0 + page_run, num_pages); ++pg) perm.push_back(pg);
+    }
     out.indptr.push_back(0);
     int64_t next = 0;
     for (int b = 0; b < batch; ++b) {
@@ -266,7 +277,7 @@ void to_device(const DecCase& c, const Problem& pr, KvData& kv, DeviceProblem& d
 void check_case(const DecCase& c, attn::Impl impl = attn::Impl::kDecode) {
   SCOPED_TRACE(c.describe());
   const Problem pr = make_problem(c);
-  KvData kv = store_kv(pr.kf, pr.vf, c.kv_lens, c.hk, c.d, c.kv, c.page_size, c.seed + 11);
+  KvData kv = store_kv(pr.kf, pr.vf, c.kv_lens, c.hk, c.d, c.kv, c.page_size, c.seed + 11, c.page_run);
   std::vector<float> o_ref, lse_ref;
   reference(c, pr, kv, o_ref, lse_ref);
   DeviceProblem dp;
@@ -580,6 +591,17 @@ TEST(DecodeCuda, PagedPrefill) {
         c.causal = (seed % 2) == 0;
         check_case(c, attn::Impl::kAuto);
       }
+  // Pages in runs of 8 and 13 consecutive ones: the sm_90 kernel reads a 128-key tile whose 16-key
+  // pages follow each other as one box, others box by box (runs of 13 start mid-tile).
+  for (int run : {8, 13})
+    for (int d : {64, 128, 256}) {
+      DecCase c;
+      c.d = d, c.page_size = 16, c.page_run = run, c.splits = run == 8 ? 3 : 0, c.seed = seed++;
+      c.h = 8, c.hk = 2, c.dt = DType::kBF16, c.kv = c.dt;
+      c.q_lens = {129, 300}, c.kv_lens = {1000, 2100};
+      c.causal = run == 13;
+      check_case(c, attn::Impl::kAuto);
+    }
   DecCase c;  // every option at once, SmolLM2's 9/3 heads, one long sequence split by the heuristic
   c.d = 64, c.h = 9, c.hk = 3, c.page_size = 16, c.seed = 1100;
   c.q_lens = {40}, c.kv_lens = {5000};

@@ -86,7 +86,8 @@ struct Sm90Config {
 template <class Cfg, bool kSplitPaged>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q,
-                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                    const __grid_constant__ CUtensorMap tm_k_run, const __grid_constant__ CUtensorMap tm_v_run) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
   using T = typename Cfg::T;
@@ -265,23 +266,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 rows[j] = pages[min(pos.page, last_page)] * p.page_size + pos.row;
               }
             }
+            // Pages consecutive in the pool (a prefix allocated at once, say): the tile's rows are
+            // one run, read as one BN-row box per chunk (the same shared-memory image; the boxes
+            // per tile, not the bytes, were what the consumers waited on).
+            bool run = boxes > 1;
+#pragma unroll
+            for (int j = 1; j < kMaxBoxes; ++j)
+              if (j < boxes) run = run && rows[j] == rows[0] + j * p.kv_box_rows;
+            const int n_boxes = run ? 1 : boxes;
+            const CUtensorMap* map_k = run ? &tm_k_run : &tm_k;
+            const CUtensorMap* map_v = run ? &tm_v_run : &tm_v;
             mbar_wait(empty_k(s), phase ^ 1);
             mbar_arrive_expect_tx(full_k(s), Cfg::kKTileBytes);
 #pragma unroll
             for (int j = 0; j < kMaxBoxes; ++j)
-              if (j < boxes)
+              if (j < n_boxes)
 #pragma unroll
                 for (int c = 0; c < Cfg::kChunksQK; ++c)
-                  tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128 + j * p.kv_box_rows * 128, &tm_k, c * 64, hk,
+                  tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128 + j * p.kv_box_rows * 128, map_k, c * 64, hk,
                               rows[j], full_k(s));
             mbar_wait(empty_v(s), phase ^ 1);
             mbar_arrive_expect_tx(full_v(s), Cfg::kVTileBytes);
 #pragma unroll
             for (int j = 0; j < kMaxBoxes; ++j)
-              if (j < boxes)
+              if (j < n_boxes)
 #pragma unroll
                 for (int c = 0; c < Cfg::kChunksV; ++c)
-                  tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128 + j * p.kv_box_rows * 128, &tm_v, c * 64, hk,
+                  tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128 + j * p.kv_box_rows * 128, map_v, c * 64, hk,
                               rows[j], full_v(s));
           }
         }

@@ -22,7 +22,7 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
   cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
   if (err != cudaSuccess) return err;
   if (attr.binaryVersion < 90) return cudaErrorNotSupported;
-  CUtensorMap tq, tk, tv;
+  CUtensorMap tq, tk, tv, tk_run, tv_run;
   // The maps span the real head dims: TMA fills the columns past them with zeros.
   // Paged K/V: the maps span the pool as rows (pages stacked row after row), boxes of kv_box_rows.
   const bool paged = p.page_size > 0;
@@ -35,6 +35,12 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
     err = make_tensor_map(&tk, p.k, bf16, p.d_qk, e.num_kv_heads, kv_rows, p.k_head_stride, p.k_row_stride, kv_box);
   if (err == cudaSuccess)
     err = make_tensor_map(&tv, p.v, bf16, p.d_v, e.num_kv_heads, kv_rows, p.v_head_stride, p.v_row_stride, kv_box);
+  // Paged: BN-row boxes too, for tiles whose pages follow each other in the pool.
+  tk_run = tk, tv_run = tv;
+  if (err == cudaSuccess && paged && kv_box != Cfg::BN)
+    err = make_tensor_map(&tk_run, p.k, bf16, p.d_qk, e.num_kv_heads, kv_rows, p.k_head_stride, p.k_row_stride, Cfg::BN);
+  if (err == cudaSuccess && paged && kv_box != Cfg::BN)
+    err = make_tensor_map(&tv_run, p.v, bf16, p.d_v, e.num_kv_heads, kv_rows, p.v_head_stride, p.v_row_stride, Cfg::BN);
   if (err != cudaSuccess) return err;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -53,7 +59,7 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
   if (err != cudaSuccess) return err;
   const int64_t ctas = std::min<int64_t>(items, e.sms);
   const dim3 grid(static_cast<unsigned>(ctas));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv, tk_run, tv_run);
   return cudaGetLastError();
 }
 
