@@ -1,13 +1,14 @@
 // The CUDA decode / append kernel (sm_80+, mma.sync): split-KV over contiguous or paged K/V in
 // bf16/f16, int8 or fp8 e4m3, with every mask of the attention API.
 //
-// Work: one CTA per (key split, kv head x 16-row tile, sequence). The rows of the tile are the
-// packed (query token, query head of the group) pairs of one kv head, so a GQA group shares every
-// K/V tile as the M dimension of m16n8k16 MMAs (FlashInfer's "tensor-core decode"). The CTA's 4
-// warps stream disjoint 16-key tiles, each through its own cp.async ring (no block barriers in the
-// main loop), keep their own online softmax, and are merged through shared memory at the end; the
-// last CTA of each (sequence, kv head, row tile) to finish merges the splits by LSE (the wide form:
-// a second kernel).
+// Work: one CTA per (key split, kv head x row tile, sequence). The rows of the tile are the packed
+// (query token, query head of the group) pairs of one kv head, so a GQA group shares every K/V tile
+// in m16n8k16 MMAs (FlashInfer's "tensor-core decode"): as their M side in tiles of 16 rows, or, in
+// tiles of at most 8 rows (plain GQA decode), as their N side with keys and head dims on M (the
+// "columns" form: a group of 4 fills half an MMA instead of a quarter). The CTA's 4 warps stream
+// disjoint key tiles, each through its own ring (no block barriers in the main loop), keep their
+// own online softmax, and are merged through shared memory at the end; the last CTA of each
+// (sequence, kv head, row tile) to finish merges the splits by LSE (the wide form: a second kernel).
 //
 // 8-bit K/V are dequantised in registers into f16 MMA operands (int8 and e4m3 are exact in f16);
 // the per-key scales multiply the score column (K) and the probability column (V), so no
