@@ -35,9 +35,9 @@ namespace escala::attn::cuda {
 
 // kRowsCta (query rows per CTA): 64, "wide": the CTA's 4 warps take 16 rows each and share every
 // K/V tile (long query runs and cascade prefixes: 4x fewer K/V reads); 16: the warps share the rows
-// and split the keys; 8 ("columns", 8-bit K/V only): as 16, but the rows are the N side of the MMAs
-// and keys / head dims their M side, so a GQA group of 4 fills half of each m16n8k16 instead of a
-// quarter (half the MMAs, half the softmax work per tile).
+// and split the keys; 8 ("columns"): as 16, but the rows are the N side of the MMAs and keys / head
+// dims their M side, so a GQA group of 4 fills half of each m16n8k16 instead of a quarter (half the
+// MMAs, half the softmax work per tile).
 template <int D, class T, KvFormat F, int kRowsCta>
 struct DecodeCfg {
   static constexpr int kWarps = 4, kThreads = 32 * kWarps;
