@@ -160,6 +160,22 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
     return row * Cfg::kRowPitch + chunk * 16;
 }
 
+// The 8-bit V bytes of this thread's P·V operands for keys 16 k16 + {2 t4, 2 t4 + 1, 2 t4 + 8,
+// 2 t4 + 9} and head dims 32 q + 4 g .. + 3, each key pair interleaved: lo[i] / hi[i] hold bytes
+// (d0 k0, d0 k1, d1 k0, d1 k1) / (d2 k0, d2 k1, d3 k0, d3 k1) of keys 2 t4 + 8 i and + 1.
+template <class Cfg>
+__device__ __forceinline__ void load_v8_pairs(const uint8_t* sv, int k16, int q, int g, int t4, uint32_t (&lo)[2],
+                                              uint32_t (&hi)[2]) {
+  const int k0 = 16 * k16 + 2 * t4;
+  const int keys[4] = {k0, k0 + 1, k0 + 8, k0 + 9};
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    w[k] = *reinterpret_cast<const uint32_t*>(sv + tile_offset<Cfg>(keys[k], 2 * q + (g >> 2)) + ((4 * g) & 15));
+  lo[0] = __byte_perm(w[0], w[1], 0x5140), hi[0] = __byte_perm(w[0], w[1], 0x7362);
+  lo[1] = __byte_perm(w[2], w[3], 0x5140), hi[1] = __byte_perm(w[2], w[3], 0x7362);
+}
+
 // The transpose of an 8 x 8 16-bit matrix held as an m8n8 fragment (each thread row lane / 4,
 // columns 2 (lane % 4) and + 1).
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
@@ -617,17 +633,14 @@ __global__ void __launch_bounds__(128)
       }
 #pragma unroll
       for (int m = 0; m < kMT && kQuant; ++m) {
-        const int keys[4] = {16 * m + 2 * t4, 16 * m + 2 * t4 + 1, 16 * m + 2 * t4 + 8, 16 * m + 2 * t4 + 9};
 #pragma unroll
         for (int q = 0; q < D / 32; ++q) {
-          uint32_t w[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            w[k] = *reinterpret_cast<const uint32_t*>(sv + tile_offset<Cfg>(keys[k], 2 * q + (g >> 2)) + ((4 * g) & 15));
-          const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5140), hi0 = __byte_perm(w[0], w[1], 0x7362);
-          const uint32_t lo1 = __byte_perm(w[2], w[3], 0x5140), hi1 = __byte_perm(w[2], w[3], 0x7362);
-          const uint32_t a0[4] = {cvt8x2<F>(lo0, false), cvt8x2<F>(lo0, true), cvt8x2<F>(lo1, false), cvt8x2<F>(lo1, true)};
-          const uint32_t a1[4] = {cvt8x2<F>(hi0, false), cvt8x2<F>(hi0, true), cvt8x2<F>(hi1, false), cvt8x2<F>(hi1, true)};
+          uint32_t lo[2], hi[2];
+          load_v8_pairs<Cfg>(sv, m, q, g, t4, lo, hi);
+          const uint32_t a0[4] = {cvt8x2<F>(lo[0], false), cvt8x2<F>(lo[0], true), cvt8x2<F>(lo[1], false),
+                                  cvt8x2<F>(lo[1], true)};
+          const uint32_t a1[4] = {cvt8x2<F>(hi[0], false), cvt8x2<F>(hi[0], true), cvt8x2<F>(hi[1], false),
+                                  cvt8x2<F>(hi[1], true)};
           M::mma(o[2 * q], a0, pb[m][0], pb[m][1]);
           M::mma(o[2 * q + 1], a1, pb[m][0], pb[m][1]);
         }
@@ -710,21 +723,14 @@ __global__ void __launch_bounds__(128)
             M::mma(o[j + 1], pf[ks16], bf[2], bf[3]);
           }
         } else {
-          const int k0s = 16 * ks16;
-          const int keys[4] = {k0s + 2 * t4, k0s + 2 * t4 + 1, k0s + 2 * t4 + 8, k0s + 2 * t4 + 9};
 #pragma unroll
           for (int q = 0; q < D / 32; ++q) {
-            uint32_t w[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-              w[k] = *reinterpret_cast<const uint32_t*>(sv + tile_offset<Cfg>(keys[k], 2 * q + (g >> 2)) + ((4 * g) & 15));
-            // Interleave the two keys of each B register: bytes (d0 k0, d0 k1, d1 k0, d1 k1).
-            const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5140), hi0 = __byte_perm(w[0], w[1], 0x7362);
-            const uint32_t lo1 = __byte_perm(w[2], w[3], 0x5140), hi1 = __byte_perm(w[2], w[3], 0x7362);
-            M::mma(o[4 * q + 0], pf[ks16], cvt8x2<F>(lo0, false), cvt8x2<F>(lo1, false));
-            M::mma(o[4 * q + 1], pf[ks16], cvt8x2<F>(lo0, true), cvt8x2<F>(lo1, true));
-            M::mma(o[4 * q + 2], pf[ks16], cvt8x2<F>(hi0, false), cvt8x2<F>(hi1, false));
-            M::mma(o[4 * q + 3], pf[ks16], cvt8x2<F>(hi0, true), cvt8x2<F>(hi1, true));
+            uint32_t lo[2], hi[2];  // each B register: one head dim of two keys
+            load_v8_pairs<Cfg>(sv, ks16, q, g, t4, lo, hi);
+            M::mma(o[4 * q + 0], pf[ks16], cvt8x2<F>(lo[0], false), cvt8x2<F>(lo[1], false));
+            M::mma(o[4 * q + 1], pf[ks16], cvt8x2<F>(lo[0], true), cvt8x2<F>(lo[1], true));
+            M::mma(o[4 * q + 2], pf[ks16], cvt8x2<F>(hi[0], false), cvt8x2<F>(hi[1], false));
+            M::mma(o[4 * q + 3], pf[ks16], cvt8x2<F>(hi[0], true), cvt8x2<F>(hi[1], true));
           }
         }
       }
