@@ -347,9 +347,10 @@ TEST(DecodeCuda, MasksAndScoreOptions) {
   const M masks[] = {{false, -1, -1, 0, false, 0.0f}, {true, 100, 0, 0, false, 0.0f}, {true, 100, 0, 4, false, 0.0f},
                      {true, 37, 0, 20, true, 0.0f},    {false, 50, 20, 0, false, 0.0f}, {true, -1, -1, 0, true, 30.0f},
                      {true, 0, 0, 0, false, 0.0f},     {true, 255, 0, 1, true, 5.0f}};
-  // 4 x 16 rows per kv head: the 64-row form; 4 x 2: 8-bit K/V take the 8-row columns form.
-  const std::pair<DType, std::vector<int>> runs[] = {
-      {DType::kBF16, {1, 4, 16}}, {DType::kI8, {1, 4, 16}}, {DType::kI8, {1, 2, 1}}, {DType::kFp8E4M3, {1, 2, 1}}};
+  // 4 x 16 rows per kv head: the 64-row form; 4 x 2: the 8-row columns form.
+  const std::pair<DType, std::vector<int>> runs[] = {{DType::kBF16, {1, 4, 16}}, {DType::kI8, {1, 4, 16}},
+                                                     {DType::kBF16, {1, 2, 1}},  {DType::kI8, {1, 2, 1}},
+                                                     {DType::kFp8E4M3, {1, 2, 1}}};
   for (const M& m : masks)
     for (const auto& [kv, q_lens] : runs) {
       DecCase c;
