@@ -239,7 +239,7 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
   if (k.num_splits > 65535) return fail("num_splits must be <= 65535");
   if (k.num_splits > 1) {
     // Workspace: the in-place merge's counters (decode_counter_bytes), then the split partials.
-    // 16-row CTAs merge in place (a few rows per CTA); 64-row ones leave it to the merge kernel,
+    // 8- and 16-row CTAs merge in place (a few rows per CTA); 64-row ones leave it to the merge kernel,
     // which spreads their rows over the whole GPU.
     const bool in_place = k.rows_per_cta != 64;
     const size_t bytes = decode_workspace_bytes(p, max_q_len, k.num_splits);
