@@ -13,6 +13,20 @@
 
 namespace escala::attn::cuda {
 
+// Soft-cap in raw units: s <- cap/scale * tanh(s * scale/cap) on every element (a no-op when
+// `softcap` is 0). For the decode kernel's two layouts; transform_and_mask keeps its own copy,
+// since calling this there changed the sm_90 prefill kernel's mask code (SASS), unmeasured.
+template <int kNT>
+__device__ __forceinline__ void apply_softcap(float (&s)[kNT][4], float scale, float softcap) {
+  if (softcap > 0.0f) {
+    const float in = scale / softcap, out = softcap / scale;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = out * accurate_tanh(s[j][e] * in);
+  }
+}
+
 // Soft-cap in raw units (s <- cap/scale * tanh(s * scale/cap)), then -inf where the mask hides
 // the key. `row0` is the aligned query position of row g; keys of the tile start at k_lo.
 template <int kNT>
@@ -70,18 +84,22 @@ constexpr float kLazyRescaleLog2 = 8.0f;
 
 // Online softmax over one tile: new running max, s <- exp2((s - max) * scale_log2), this thread's
 // partial row sums rescaled and accumulated; alpha[r] is the factor the O rows must be scaled by
-// (exactly 1 when the max stays).
-template <int kNT, bool kLazy = false>
+// (exactly 1 when the max stays). kColumns: the decode kernel's layout with the rows as MMA
+// columns, s[j][e] of row 2 t4 + (e & 1), so a row's values are spread over the 8 lanes of one t4
+// (xor 4, 8, 16) instead of the 4 of one g (xor 1, 2).
+template <int kNT, bool kLazy = false, bool kColumns = false>
 __device__ __forceinline__ void softmax_update(float (&s)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
                                                float scale_log2, float (&alpha)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    const int e0 = kColumns ? r : 2 * r, e1 = kColumns ? r + 2 : 2 * r + 1;  // the row's two elements
     float mx = row_max[r];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // The 4 lanes of a row hold the same mx and row_max: the choice is the same for all of them.
+    for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][e0], s[j][e1]));
+#pragma unroll
+    for (int off = kColumns ? 4 : 1; off < (kColumns ? 32 : 4); off *= 2)
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    // The lanes of a row hold the same mx and row_max: the choice is the same for all of them.
     if (kLazy && row_max[r] != -INFINITY && (mx - row_max[r]) * scale_log2 <= kLazyRescaleLog2) mx = row_max[r];
     const float m_use = mx == -INFINITY ? 0.0f : mx;
     alpha[r] = mx == row_max[r] ? 1.0f : fast_exp2((row_max[r] - m_use) * scale_log2);
@@ -90,9 +108,9 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNT][4], float (&row_m
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
-      s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], scale_log2, -ms));
-      s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], scale_log2, -ms));
-      sum += s[j][2 * r] + s[j][2 * r + 1];
+      s[j][e0] = fast_exp2(fmaf(s[j][e0], scale_log2, -ms));
+      s[j][e1] = fast_exp2(fmaf(s[j][e1], scale_log2, -ms));
+      sum += s[j][e0] + s[j][e1];
     }
     row_sum[r] = row_sum[r] * alpha[r] + sum;
   }
@@ -142,10 +160,14 @@ __device__ __forceinline__ float join_sink_logit(const float* sink, float& m2, f
   return ofac;
 }
 
-// A row's sum over the 4 lanes (t4 = 0..3) that hold its columns.
+// A row's sum over the 4 lanes (t4 = 0..3) that hold its columns, or (kColumns, softmax_update's
+// other layout) over the 8 lanes (g = 0..7) that hold its keys.
+template <bool kColumns = false>
 __device__ __forceinline__ float row_total(float partial) {
-  partial += __shfl_xor_sync(0xffffffffu, partial, 1);
-  return partial + __shfl_xor_sync(0xffffffffu, partial, 2);
+#pragma unroll
+  for (int off = kColumns ? 4 : 1; off < (kColumns ? 32 : 4); off *= 2)
+    partial += __shfl_xor_sync(0xffffffffu, partial, off);
+  return partial;
 }
 
 // A finished row's full sum, its learned sink logit and its LSE (written by the row's t4 == 0 lane

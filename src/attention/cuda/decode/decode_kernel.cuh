@@ -184,40 +184,6 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
-// softmax_update (online_softmax.cuh) for the columns form: s[m][e] is key 16 m + g + 8 (e / 2) of
-// row 2 t4 + (e & 1), so a row's scores are spread over the 8 lanes of one t4.
-template <int kMT>
-__device__ __forceinline__ void softmax_update_columns(float (&s)[kMT][4], float (&row_max)[2], float (&row_sum)[2],
-                                                       float scale_log2, float (&alpha)[2]) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = row_max[r];
-#pragma unroll
-    for (int m = 0; m < kMT; ++m) mx = fmaxf(mx, fmaxf(s[m][r], s[m][r + 2]));
-#pragma unroll
-    for (int off = 4; off < 32; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    const float m_use = mx == -INFINITY ? 0.0f : mx;
-    alpha[r] = mx == row_max[r] ? 1.0f : fast_exp2((row_max[r] - m_use) * scale_log2);
-    row_max[r] = mx;
-    const float ms = m_use * scale_log2;
-    float sum = 0.0f;
-#pragma unroll
-    for (int m = 0; m < kMT; ++m) {
-      s[m][r] = fast_exp2(fmaf(s[m][r], scale_log2, -ms));
-      s[m][r + 2] = fast_exp2(fmaf(s[m][r + 2], scale_log2, -ms));
-      sum += s[m][r] + s[m][r + 2];
-    }
-    row_sum[r] = row_sum[r] * alpha[r] + sum;
-  }
-}
-
-// A columns-form row's sum over the 8 lanes (g = 0..7) that hold its keys.
-__device__ __forceinline__ float column_total(float partial) {
-#pragma unroll
-  for (int off = 4; off < 32; off *= 2) partial += __shfl_xor_sync(0xffffffffu, partial, off);
-  return partial;
-}
-
 // The third and fourth components of a float2 / float4 (0 for a float2: not read).
 __device__ __forceinline__ float vec_z(const float2&) { return 0.0f; }
 __device__ __forceinline__ float vec_w(const float2&) { return 0.0f; }
@@ -587,13 +553,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[m][e] *= ks[16 * m + g + 8 * (e >> 1)] * format_scale_factor<F>();
       }
-      if (p.softcap > 0.0f) {
-        const float in = p.scale / p.softcap, out = p.softcap / p.scale;
-#pragma unroll
-        for (int m = 0; m < kMT; ++m)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[m][e] = out * accurate_tanh(s[m][e] * in);
-      }
+      apply_softcap<kMT>(s, p.scale, p.softcap);
       if (!tile_fully_visible(p.mask, qp_min, qp_max, key_lo, Cfg::kKeys, kv_len)) {
 #pragma unroll
         for (int m = 0; m < kMT; ++m)
@@ -602,7 +562,7 @@ __global__ void __launch_bounds__(128)
             if (!rmask[e & 1].visible(key_lo + 16 * m + g + 8 * (e >> 1))) s[m][e] = -INFINITY;
       }
       float alpha[2];
-      softmax_update_columns<kMT>(s, row_max, row_sum, p.scale_log2, alpha);
+      softmax_update<kMT, false, true>(s, row_max, row_sum, p.scale_log2, alpha);
       if (warp_needs_rescale(alpha)) {
 #pragma unroll
         for (int j = 0; j < kOT; ++j) o[j][0] *= alpha[0], o[j][1] *= alpha[1], o[j][2] *= alpha[0], o[j][3] *= alpha[1];
@@ -681,13 +641,7 @@ __global__ void __launch_bounds__(128)
       }
 
       // Soft-cap, mask, online softmax.
-      if (p.softcap > 0.0f) {
-        const float in = p.scale / p.softcap, out = p.softcap / p.scale;
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[j][e] = out * accurate_tanh(s[j][e] * in);
-      }
+      apply_softcap<kNT>(s, p.scale, p.softcap);
       if (!tile_fully_visible(p.mask, qp_min, qp_max, key_lo, Cfg::kKeys, kv_len)) {
 #pragma unroll
         for (int j = 0; j < kNT; ++j)
@@ -749,7 +703,7 @@ __global__ void __launch_bounds__(128)
   float* row_l = row_m + Cfg::kRows;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float l = kCols ? column_total(row_sum[r]) : row_total(row_sum[r]);
+    const float l = row_total<kCols>(row_sum[r]);
     const int row = kCols ? 2 * t4 + r : g + 8 * r;
     if ((kCols ? g : t4) == 0) sm_max[warp * 16 + row] = row_max[r], sm_sum[warp * 16 + row] = l;
   }
