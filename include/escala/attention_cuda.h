@@ -27,8 +27,8 @@ struct CudaOptions {
   // call zeroes on the stream, then the split partials), or for the sm_90 prefill kernel: its work
   // counter in the first 256 bytes, then the split partials (with num_splits > 1: batch x
   // max_q_len x heads x splits x (head_dim_v + 1) floats). Null: buffers cached by the library
-  // (the counters kept zero, the prefill counter per stream), allocated with cudaMalloc on first
-  // use or when too small (not capturable).
+  // per stream (the counters kept zero), allocated with cudaMalloc on first use on a stream or
+  // when too small (not capturable).
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

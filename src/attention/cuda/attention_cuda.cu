@@ -257,13 +257,13 @@ Status run_decode(const AttentionParams& p, const CudaOptions& options, int max_
         if (e != cudaSuccess) return cuda_error("zeroing the decode workspace's counters", e);
       }
     } else {
-      // The library's own: counters kept zero between launches, so no memset per call.
-      static cuda::DeviceScratch scratch;
-      static cuda::DeviceScratch counters(/*zeroed=*/true);
-      ws = static_cast<uint8_t*>(scratch.get(bytes, e));
+      // The library's own, per stream: counters kept zero between launches, so no memset per call.
+      static cuda::StreamScratch scratch;
+      static cuda::StreamScratch counters(/*zeroed=*/true);
+      ws = static_cast<uint8_t*>(scratch.get(stream, bytes, e));
       if (ws == nullptr) return cuda_error("allocating the decode workspace", e);
       if (in_place) {
-        k.merge_counters = static_cast<int32_t*>(counters.get(counter_bytes, e));
+        k.merge_counters = static_cast<int32_t*>(counters.get(stream, counter_bytes, e));
         if (k.merge_counters == nullptr) return cuda_error("allocating the decode merge counters", e);
       }
     }
@@ -467,8 +467,8 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
       k.tile_counter = counters.get(stream, e);
       if (k.tile_counter == nullptr) return cuda_error("allocating the prefill work counter", e);
       if (part_bytes > 0) {
-        static cuda::DeviceScratch scratch;
-        ws = static_cast<uint8_t*>(scratch.get(256 + part_bytes, e));
+        static cuda::StreamScratch scratch;
+        ws = static_cast<uint8_t*>(scratch.get(stream, 256 + part_bytes, e));
         if (ws == nullptr) return cuda_error("allocating the split workspace", e);
       }
     }

@@ -7,7 +7,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -180,27 +179,10 @@ Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& pre
   AttentionParams own = p;
   own.sink_logits = nullptr, own.o = o_own, own.lse = l_own;
   own.o_row_stride = int64_t(p.num_heads) * d, own.o_head_stride = d;
+  // (The library's own workspaces are per stream, so the two passes, which run at once, never
+  // share one.)
   CudaOptions oo = options;
   oo.impl = Impl::kDecode;
-  if (side != nullptr && oo.workspace == nullptr) {
-    // The passes run at once, and the library's own decode workspace may be the prefix pass's:
-    // the own-token pass gets one of its own.
-    int max_q = 0, max_k = 0;
-    for (int b = 0; b < p.batch; ++b) {
-      max_q = std::max(max_q, options.host_cu_seqlens_q[b + 1] - options.host_cu_seqlens_q[b]);
-      max_k = std::max(max_k, options.host_cu_seqlens_k[b + 1] - options.host_cu_seqlens_k[b]);
-    }
-    oo.num_splits = oo.num_splits > 0 ? oo.num_splits : decode_num_splits(own, max_q, max_k);
-    oo.workspace_bytes = decode_workspace_bytes(own, max_q, oo.num_splits);
-    if (oo.workspace_bytes > 0) {
-      static cuda::DeviceScratch own_workspace;
-      oo.workspace = own_workspace.get(oo.workspace_bytes, e);
-      if (oo.workspace == nullptr) {
-        join();
-        return fail(std::string("allocating the own-token workspace: ") + cudaGetErrorString(e));
-      }
-    }
-  }
   const Status own_status = attention_cuda(own, own_stream, oo);
   e = join();
   ESCALA_RETURN_IF_ERROR(own_status);

@@ -65,4 +65,25 @@ class StreamCounters {
   std::map<cudaStream_t, int32_t*> counters_;
 };
 
+// A DeviceScratch per stream, so that calls on different streams (the cascade's two passes, or a
+// caller's concurrent streams) never share split partials or merge counters.
+class StreamScratch {
+ public:
+  explicit StreamScratch(bool zeroed = false) : zeroed_(zeroed) {}
+
+  void* get(cudaStream_t stream, size_t bytes, cudaError_t& err) {
+    DeviceScratch* s = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s = &scratch_.try_emplace(stream, zeroed_).first->second;  // map nodes stay put
+    }
+    return s->get(bytes, err);
+  }
+
+ private:
+  const bool zeroed_;
+  std::mutex mu_;
+  std::map<cudaStream_t, DeviceScratch> scratch_;
+};
+
 }  // namespace escala::attn::cuda
