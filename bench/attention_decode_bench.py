@@ -3,8 +3,9 @@
 scaled_dot_product_attention (cuDNN backend, enable_gqa=True, contiguous bf16; FlashAttention-2
 too, for reference), and the device's own read ceiling, all in the same run.
 
-Effective bandwidth = bytes of K and V (and scales) the call must read / time per call: median over
---reps samples, each timing 10 back-to-back calls with CUDA events (both sides alike). Escala runs each shape contiguous bf16, paged bf16 (16-token pages,
+Effective bandwidth = bytes of K and V (and scales) the call must read / time per call. Both sides
+are timed alike (bench/cuda_timing.py): a warm-up of --warmup seconds, then --reps samples of 10
+calls replayed from a CUDA graph (--eager: launched from the host), median. Escala runs each shape contiguous bf16, paged bf16 (16-token pages,
 randomly permuted) and paged fp8; the table gives paged/contiguous time and fp8/bf16 tokens/s.
 
 With --rounds N, Escala and the peers are timed N times in turn and each figure is the median over
@@ -18,7 +19,7 @@ import statistics
 import subprocess
 import sys
 
-from cuda_timing import time_cuda
+from cuda_timing import last_mode, time_cuda
 
 # name, B, T, h, hk, d
 SHAPES = [
@@ -36,13 +37,13 @@ def run_bin(binary, args):
     return proc.stdout
 
 
-def run_escala(binary, shapes, reps):
+def run_escala(binary, shapes, reps, timing):
     specs = []
     for name, B, T, h, hk, d in shapes:
         base = f"B={B},T={T},h={h},hk={hk},d={d}"
         specs += [f"{name}|bf16,{base},kv=bf16", f"{name}|paged,{base},kv=bf16,page=16", f"{name}|fp8,{base},kv=fp8,page=16",
                   f"{name}|hnd,{base},kv=bf16,page=16,hnd=1", f"{name}|fp8hnd,{base},kv=fp8,page=16,hnd=1"]
-    out = run_bin(binary, ["--bench-decode", "--reps", str(reps)] + specs)
+    out = run_bin(binary, ["--bench-decode", "--reps", str(reps)] + timing + specs)
     res = {}
     for line in out.splitlines():
         m = re.match(r"BENCH name=(\S+) ms=([\d.]+) gbps=([\d.]+) splits=(\d+) tokens_per_s=([\d.]+)", line)
@@ -51,14 +52,14 @@ def run_escala(binary, shapes, reps):
     return res
 
 
-def run_cascade(binary, reps):
+def run_cascade(binary, reps, timing):
     spec = "cascade_32k_prefix_B128,B=128,T=128,h=32,hk=8,d=128,prefix=32768"
-    out = run_bin(binary, ["--bench-decode", "--reps", str(reps), spec])
+    out = run_bin(binary, ["--bench-decode", "--reps", str(reps)] + timing + [spec])
     m = re.search(r"CASCADE name=\S+ plain_ms=([\d.]+) cascade_ms=([\d.]+) speedup=([\d.]+)", out)
     return (float(m.group(1)), float(m.group(2)), float(m.group(3))) if m else None
 
 
-def run_peers(shape, reps):
+def run_peers(shape, reps, args, modes):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -74,7 +75,8 @@ def run_peers(shape, reps):
             def fn():
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(q, k, v, enable_gqa=hk != h)
-            ms = time_cuda(fn, reps, inner=10)
+            ms = time_cuda(fn, reps, inner=args.inner, warmup_s=args.warmup, graph=not args.eager)
+            modes.add(f"{label} {last_mode()}")
             out[label] = nbytes / (ms * 1e-3) / 1e9
         except Exception as e:  # backend refuses this shape
             sys.stderr.write(f"{name} {label}: {type(e).__name__}: {str(e)[:200]}\n")
@@ -98,17 +100,24 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="time Escala and the peers this many times, alternating; each figure is the median over "
                          "the rounds")
+    ap.add_argument("--eager", action="store_true",
+                    help="launch every timed call from the host instead of replaying a CUDA graph (both sides)")
+    ap.add_argument("--warmup", type=float, default=0.25,
+                    help="seconds of calls before each shape's samples (both sides), so that clocks settle")
+    ap.add_argument("--inner", type=int, default=10, help="calls per sample (both sides)")
     args = ap.parse_args()
+    timing = (["--eager"] if args.eager else []) + ["--warmup", str(args.warmup), "--inner", str(args.inner)]
+    modes = set()  # how each peer's samples were launched
     shapes = [s for s in SHAPES if args.filter in s[0]]
 
     ceiling = None
-    m = re.search(r"READ gbps=([\d.]+)", run_bin(args.bin, ["--bench-read", "--mb", "8192"]))
+    m = re.search(r"READ gbps=([\d.]+)", run_bin(args.bin, ["--bench-read", "--mb", "8192"] + timing))
     if m:
         ceiling = float(m.group(1))
     rounds = []  # per round: (Escala's results, peers by shape)
     for _ in range(max(1, args.rounds)):
-        esc_r = run_escala(args.bin, shapes, args.reps)
-        rounds.append((esc_r, {s[0]: ({} if args.no_peers else run_peers(s, args.reps)) for s in shapes}))
+        esc_r = run_escala(args.bin, shapes, args.reps, timing)
+        rounds.append((esc_r, {s[0]: ({} if args.no_peers else run_peers(s, args.reps, args, modes)) for s in shapes}))
     # Medians over the rounds: Escala's (ms, GB/s, splits) per spec, the peers' GB/s per label.
     esc = {}
     for key in {k for r, _ in rounds for k in r}:
@@ -116,6 +125,9 @@ def main():
         esc[key] = (statistics.median(g[0] for g in got), statistics.median(g[1] for g in got), got[0][2])
     if len(rounds) > 1:
         print(f"(medians over {len(rounds)} rounds)")
+    how = f"{'host-launched' if args.eager else 'CUDA-graph'} samples of {args.inner} calls"
+    print(f"timing: median of {args.reps} {how} after {args.warmup:g} s of warm-up per shape; peers timed as: "
+          f"{', '.join(sorted(modes)) or '-'}")
     print(f"read ceiling (16-byte streaming loads, 8 GiB): {fmt(ceiling)} GB/s\n")
     print("| shape | Escala bf16 GB/s | % ceiling | splits | paged/contig time | fp8/bf16 tok/s | cuDNN GB/s | FA2 GB/s | Escala / cuDNN |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -135,7 +147,7 @@ def main():
               f"{fmt(e and f8 and e[0] / f8[0], '{:.2f}x')} | {fmt(cud)} | {fmt(peers.get('FA2'))} | "
               f"{fmt(ratio, '{:.2f}x')} |", flush=True)
     if not args.no_cascade:
-        c = run_cascade(args.bin, args.reps)
+        c = run_cascade(args.bin, args.reps, timing)
         if c:
             print(f"\ncascade, 128 sequences x (32k shared prefix + 128 own tokens), GQA 32/8, d=128, bf16 paged: "
                   f"plain decode {c[0]:.3f} ms, cascade {c[1]:.3f} ms, speedup {c[2]:.1f}x")

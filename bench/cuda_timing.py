@@ -1,20 +1,59 @@
-"""CUDA-event timing shared by the GPU benchmark scripts."""
+"""CUDA-event timing shared by the GPU benchmark scripts: the same protocol as the Escala side's
+(tests/gpu/bench_timing.h), so that both sides of a ratio are timed alike:
+- a warm-up of at least `warmup_s` seconds of calls, so that each shape is timed at the clocks its
+  own load settles to (the H200's power controller keeps a heavy predecessor's lower clocks for a
+  few hundred ms);
+- samples of `inner` back-to-back calls replayed from one CUDA graph, so that the host's launch
+  cost (~60 us per SDPA call on the 2026-11-30 machine) never sits between calls. A callable that
+  cannot be captured is timed launched from the host, and `last_mode()` says so."""
 import statistics
+import time
+
+_mode = "graph"
 
 
-def time_cuda(fn, reps, inner=1):
-    """Median over `reps` samples of the milliseconds per call; each sample times `inner`
-    back-to-back calls with CUDA events, after 3 warm-up calls."""
+def last_mode():
+    """'graph' or 'eager': how the last time_cuda call launched its samples."""
+    return _mode
+
+
+def time_cuda(fn, reps, inner=10, warmup_s=0.25, graph=True):
+    """Median over `reps` samples of the milliseconds per call of `fn`."""
+    global _mode
     import torch
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
+    start, calls = time.perf_counter(), 0
+    while calls < 3 or time.perf_counter() - start < warmup_s:
+        for _ in range(inner):
+            fn()
+        calls += inner
+        torch.cuda.synchronize()
+
+    def eager():
+        for _ in range(inner):
+            fn()
+
+    run, _mode = eager, "eager"
+    if graph:
+        try:
+            g = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()  # the side stream's first call: allocator and library state outside the capture
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(g):
+                for _ in range(inner):
+                    fn()
+            g.replay()
+            torch.cuda.synchronize()
+            run, _mode = g.replay, "graph"
+        except Exception:  # not capturable: keep the host-launched samples
+            torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        for _ in range(inner):
-            fn()
+        run()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) / inner)

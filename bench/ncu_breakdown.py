@@ -55,7 +55,10 @@ def main():
     ap.add_argument("--count", type=int, default=40, help="launches to profile")
     ap.add_argument("--kernel", default="", help="only kernels whose name matches this regex")
     args = ap.parse_args()
-    bench = ["--bench-decode", "--reps", "1", args.decode] if args.decode else ["--bench", "--reps", "1", args.prefill]
+    # Host-launched calls without the time-based warm-up, so that launch numbers are the same every run.
+    timing = ["--eager", "--warmup", "0"]
+    bench = (["--bench-decode", "--reps", "1"] + timing + [args.decode] if args.decode else
+             ["--bench", "--reps", "1"] + timing + [args.prefill])
     cmd = ["ncu", "--clock-control", "none", "--metrics", ",".join(METRICS), "--launch-skip", str(args.skip),
            "--launch-count", str(args.count)]
     if args.kernel:

@@ -1,7 +1,8 @@
 // Benchmark mode of the GPU test binary: `escala_gpu_tests --bench [--reps N] [--arch sm80|sm90] SPEC...` where SPEC is
 // name,B=..,S=..[,Sk=..],h=..,hk=..,d=..[,dv=..][,causal=1][,wl=..][,wr=..][,sinks=..][,dtype=bf16|f16]
 // [,rows=128|192] (the sm_90 kernel's query tile at d <= 64; default: its cost model).
-// Fresh random inputs per shape (never zeros), CUDA events around each launch, median of N.
+// [--eager] [--warmup S]. Fresh random inputs per shape (never zeros); timing in bench_timing.h
+// (warm-up, samples of 10 calls replayed from a CUDA graph, median of N).
 // FLOPs = 2 * (d + dv) * (visible (query, key) pairs) * h * B: only pairs the mask lets through count.
 #include <cuda_runtime.h>
 
@@ -14,6 +15,7 @@
 
 #include "attention/cuda/dispatch.h"
 #include "attention/variant.h"
+#include "bench_timing.h"
 #include "escala/attention_cuda.h"
 #include "gpu_util.h"
 
@@ -74,8 +76,10 @@ double visible_pairs(const attn::Mask& m, int64_t q_len, int64_t kv_len) {
 int run_bench(int argc, char** argv) {
   int reps = 30;
   attn::cuda::KernelArch arch = attn::cuda::KernelArch::kAuto;
+  BenchTiming timing;
   std::vector<Shape> shapes;
   for (int i = 0; i < argc; ++i) {
+    if (timing.parse_flag(argc, argv, i)) continue;
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
@@ -99,9 +103,6 @@ int run_bench(int argc, char** argv) {
   std::printf("# device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
   cudaStream_t stream;
   GPU_CHECK(cudaStreamCreate(&stream));
-  cudaEvent_t e0, e1;
-  GPU_CHECK(cudaEventCreate(&e0));
-  GPU_CHECK(cudaEventCreate(&e1));
   uint64_t seed = 1;
   for (const Shape& s : shapes) {
     const int64_t tq = static_cast<int64_t>(s.B) * s.S, tk = static_cast<int64_t>(s.B) * s.Sk;
@@ -134,31 +135,19 @@ int run_bench(int argc, char** argv) {
 
     const attn::Mask mask{s.causal, s.wl, s.wr, s.sinks};
     const double flops = 2.0 * (s.d + s.dv) * visible_pairs(mask, s.S, s.Sk) * s.h * s.B;
-    std::vector<float> ms;
-    bool failed = false;
-    for (int r = 0; r < reps + 3 && !failed; ++r) {
-      GPU_CHECK(cudaEventRecord(e0, stream));
-      const Status st = attn::cuda::attention_cuda_arch(p, stream, opt, arch, s.rows);
-      GPU_CHECK(cudaEventRecord(e1, stream));
-      if (!st.ok()) {
-        std::printf("BENCH name=%s error=\"%s\"\n", s.name.c_str(), st.message().c_str());
-        failed = true;
-        break;
-      }
-      GPU_CHECK(cudaEventSynchronize(e1));
-      float t = 0;
-      GPU_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      if (r >= 3) ms.push_back(t);
+    Status st;
+    const CallTime t = time_calls(
+        [&](cudaStream_t strm) { return (st = attn::cuda::attention_cuda_arch(p, strm, opt, arch, s.rows)).ok(); }, stream,
+        reps, timing);
+    if (!t.ok) {
+      std::printf("BENCH name=%s error=\"%s\"\n", s.name.c_str(), st.message().c_str());
+      continue;
     }
-    if (failed) continue;
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
+    const double med = t.median_ms;
     std::printf("BENCH name=%s ms=%.4f tflops=%.1f min_ms=%.4f max_ms=%.4f flops=%.6g\n", s.name.c_str(), med,
-                flops / (med * 1e-3) / 1e12, ms.front(), ms.back(), flops);
+                flops / (med * 1e-3) / 1e12, t.min_ms, t.max_ms, flops);
     std::fflush(stdout);
   }
-  GPU_CHECK(cudaEventDestroy(e0));
-  GPU_CHECK(cudaEventDestroy(e1));
   GPU_CHECK(cudaStreamDestroy(stream));
   return 0;
 }

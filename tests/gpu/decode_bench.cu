@@ -1,11 +1,11 @@
 // Decode benchmark mode of the GPU test binary:
-//   escala_gpu_tests --bench-decode [--reps N] SPEC...   SPEC = name,B=..,T=..,h=..,hk=..,d=..
-//       [,kv=bf16|f16|i8|fp8][,page=16][,hnd=1][,q=1][,splits=0][,prefix=N]
+//   escala_gpu_tests --bench-decode [--reps N] [--eager] [--warmup S] SPEC...
+//       SPEC = name,B=..,T=..,h=..,hk=..,d=..[,kv=bf16|f16|i8|fp8][,page=16][,hnd=1][,q=1][,splits=0][,prefix=N]
 //   (prefix=N: B sequences share an N-token prefix and own T tokens: plain decode vs cascade)
 //   escala_gpu_tests --bench-read [--reps N] [--mb 4096]   the device's read ceiling
 // Inputs are filled on the device with hashed uniform values (never zeros); pages are a random
-// permutation. Each shape: CUDA events around each call, median of N after warm-up. Bandwidth =
-// bytes of K and V (and their scales) the call must read / time.
+// permutation. Timing in bench_timing.h (warm-up, samples of 10 calls replayed from a CUDA graph,
+// median of N). Bandwidth = bytes of K and V (and their scales) the call must read / time.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "escala/attention_cuda.h"
 #include "gpu_util.h"
 
@@ -105,32 +106,9 @@ bool parse(const std::string& text, Spec& s) {
   return ok && s.B > 0 && s.T > 0 && s.h > 0 && s.hk > 0 && s.d > 0 && s.q > 0;
 }
 
-// Median over `reps` samples of the time per call, each sample timing `inner` back-to-back calls
-// (so that host-side launch work overlaps the GPU instead of being counted for short kernels).
-template <class F>
-double median_ms(F&& launch, int reps, int inner = 10) {
-  cudaEvent_t e0, e1;
-  GPU_CHECK(cudaEventCreate(&e0));
-  GPU_CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int r = 0; r < reps + 3; ++r) {
-    GPU_CHECK(cudaEventRecord(e0));
-    for (int k = 0; k < inner; ++k) launch();
-    GPU_CHECK(cudaEventRecord(e1));
-    GPU_CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    GPU_CHECK(cudaEventElapsedTime(&t, e0, e1));
-    if (r >= 3) ms.push_back(t / inner);
-  }
-  GPU_CHECK(cudaEventDestroy(e0));
-  GPU_CHECK(cudaEventDestroy(e1));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 // B sequences that share a `prefix`-token prefix (whole 16-token pages) and own T tokens each:
 // plain paged decode over prefix + own tokens, then cascade (prefix read once), bf16.
-void bench_cascade(const Spec& s, int reps, uint64_t seed) {
+void bench_cascade(const Spec& s, int reps, const BenchTiming& timing, cudaStream_t stream, uint64_t seed) {
   const int page = 16;
   const int64_t pre_pages = (s.prefix + page - 1) / page, own_pages = (s.T + page - 1) / page;
   const int64_t pages = pre_pages + own_pages * s.B;
@@ -169,13 +147,17 @@ void bench_cascade(const Spec& s, int reps, uint64_t seed) {
   attn::CascadePrefix prefix;
   prefix.kv_len = s.prefix, prefix.page_indices = dpp.get<int32_t>();
   Status st1, st2;
-  const double plain = median_ms([&] { st1 = attn::attention_cuda(full, nullptr, of); }, reps);
-  const double casc = median_ms([&] { st2 = attn::cascade_attention_cuda(own, prefix, nullptr, oo); }, reps);
-  if (!st1.ok() || !st2.ok()) {
+  const CallTime plain =
+      time_calls([&](cudaStream_t strm) { return (st1 = attn::attention_cuda(full, strm, of)).ok(); }, stream, reps, timing);
+  const CallTime casc = time_calls(
+      [&](cudaStream_t strm) { return (st2 = attn::cascade_attention_cuda(own, prefix, strm, oo)).ok(); }, stream, reps,
+      timing);
+  if (!plain.ok || !casc.ok) {
     std::printf("CASCADE name=%s error=\"%s\"\n", s.name.c_str(), (st1.ok() ? st2 : st1).message().c_str());
     return;
   }
-  std::printf("CASCADE name=%s plain_ms=%.4f cascade_ms=%.4f speedup=%.2f\n", s.name.c_str(), plain, casc, plain / casc);
+  std::printf("CASCADE name=%s plain_ms=%.4f cascade_ms=%.4f speedup=%.2f\n", s.name.c_str(), plain.median_ms,
+              casc.median_ms, plain.median_ms / casc.median_ms);
   std::fflush(stdout);
 }
 
@@ -184,10 +166,15 @@ void bench_cascade(const Spec& s, int reps, uint64_t seed) {
 int run_read_bench(int argc, char** argv) {
   int reps = 20;
   size_t mb = 4096;
-  for (int i = 0; i + 1 < argc; ++i) {
+  BenchTiming timing;
+  for (int i = 0; i < argc; ++i) {
+    if (timing.parse_flag(argc, argv, i)) continue;
+    if (i + 1 >= argc) break;
     if (std::string(argv[i]) == "--reps") reps = std::max(1, std::atoi(argv[++i]));
     else if (std::string(argv[i]) == "--mb") mb = std::max(64, std::atoi(argv[++i]));
   }
+  cudaStream_t stream;
+  GPU_CHECK(cudaStreamCreate(&stream));
   const size_t bytes = mb << 20;
   DeviceBuffer buf(bytes), out(65536 * 4);
   fill(buf.get(), bytes, 0, 1);
@@ -196,17 +183,25 @@ int run_read_bench(int argc, char** argv) {
   double best = 0;
   for (int per_sm : {4, 8, 16}) {
     const int blocks = prop.multiProcessorCount * per_sm;
-    const double ms = median_ms([&] { read_kernel<<<blocks, 512>>>(buf.get<uint4>(), bytes / 16, out.get<uint32_t>()); }, reps);
-    best = std::max(best, bytes / (ms * 1e-3) / 1e9);
+    const CallTime t = time_calls(
+        [&](cudaStream_t strm) {
+          read_kernel<<<blocks, 512, 0, strm>>>(buf.get<uint4>(), bytes / 16, out.get<uint32_t>());
+          return cudaGetLastError() == cudaSuccess;
+        },
+        stream, reps, timing);
+    if (t.ok) best = std::max(best, bytes / (t.median_ms * 1e-3) / 1e9);
   }
+  GPU_CHECK(cudaStreamDestroy(stream));
   std::printf("READ gbps=%.1f mb=%zu\n", best, mb);
   return 0;
 }
 
 int run_decode_bench(int argc, char** argv) {
   int reps = 30;
+  BenchTiming timing;
   std::vector<Spec> specs;
   for (int i = 0; i < argc; ++i) {
+    if (timing.parse_flag(argc, argv, i)) continue;
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
@@ -219,10 +214,12 @@ int run_decode_bench(int argc, char** argv) {
     }
     specs.push_back(s);
   }
+  cudaStream_t stream;
+  GPU_CHECK(cudaStreamCreate(&stream));
   uint64_t seed = 1;
   for (const Spec& s : specs) {
     if (s.prefix > 0) {
-      bench_cascade(s, reps, seed += 3);
+      bench_cascade(s, reps, timing, stream, seed += 3);
       continue;
     }
     const int64_t tq = int64_t(s.B) * s.q;
@@ -285,17 +282,20 @@ int run_decode_bench(int argc, char** argv) {
     opt.host_cu_seqlens_q = cu_q.data(), opt.host_cu_seqlens_k = cu_k.data();
     const int splits = s.splits > 0 ? s.splits : attn::decode_num_splits(p, s.q, s.T);
     Status st;
-    const double ms = median_ms([&] { st = attn::attention_cuda(p, nullptr, opt); }, reps);
-    if (!st.ok()) {
+    const CallTime t =
+        time_calls([&](cudaStream_t strm) { return (st = attn::attention_cuda(p, strm, opt)).ok(); }, stream, reps, timing);
+    if (!t.ok) {
       std::printf("BENCH name=%s error=\"%s\"\n", s.name.c_str(), st.message().c_str());
       continue;
     }
     const double bytes = double(s.B) * s.T * s.hk * s.d * eb * 2 +
                          (quant ? (s.kv == DType::kI8 ? double(s.B) * s.T * s.hk * 8 : double(scale_count) * 8) : 0.0);
+    const double ms = t.median_ms;
     std::printf("BENCH name=%s ms=%.4f gbps=%.1f splits=%d tokens_per_s=%.1f\n", s.name.c_str(), ms,
                 bytes / (ms * 1e-3) / 1e9, splits, double(tq) / (ms * 1e-3));
     std::fflush(stdout);
   }
+  GPU_CHECK(cudaStreamDestroy(stream));
   return 0;
 }
 
