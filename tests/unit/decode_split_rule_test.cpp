@@ -1,5 +1,5 @@
-// The decode split count for one partial wave (attention/cuda/decode/split_rule.h): the measured
-// H200 cases, and the rule's two bounds on random inputs.
+// The decode split counts (attention/cuda/decode/split_rule.h): the measured H200 cases, and each
+// rule's bounds on random inputs.
 #include "attention/cuda/decode/split_rule.h"
 
 #include <gtest/gtest.h>
@@ -30,6 +30,43 @@ TEST(DecodeSplitRule, LargestCountWithinBothBounds) {
       EXPECT_GE(warp_tiles / s, 32);
     }
     EXPECT_TRUE(units * (s + 1) > slots || warp_tiles / (s + 1) < 32) << units << " " << slots << " " << warp_tiles;
+  }
+}
+
+TEST(DecodeSplitRule, WaveFillMeasuredShapes) {
+  // (1, 32k), GQA 32/8: 8 units on 264 slots (two CTAs per SM). bf16 d = 128 (2048 tiles of 16 keys)
+  // and fp8 d = 128 (1024 tiles of 32 keys): 32 splits, 16 or 8 tiles for every warp, not 30.
+  EXPECT_EQ(wave_fill_splits(8, 264, 2048, 4, 256), 32);
+  EXPECT_EQ(wave_fill_splits(8, 264, 1024, 4, 256), 32);
+  EXPECT_NEAR(split_wave_use(8, 264, 2048, 4, 30), 240.0 / 264 * (2048.0 / 30) / 72, 1e-12);
+  // 16 x 8k bf16 d = 128: 128 units, two splits fill one wave (three would need two).
+  EXPECT_EQ(wave_fill_splits(128, 264, 512, 4, 64), 2);
+  // 64 x 4k bf16 d = 128: 512 units already fill 97% of two waves.
+  EXPECT_EQ(wave_fill_splits(512, 264, 256, 4, 32), 1);
+  // Never 90%: the best use (one 2k sequence of 128 tiles, at most 16 splits).
+  EXPECT_EQ(wave_fill_splits(8, 264, 128, 4, 16), 16);
+}
+
+TEST(DecodeSplitRule, WaveFillWithinBoundsAndAtLeastTheFirstFit) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 3000; ++i) {
+    const int64_t slots = 1 + rng() % 1000, units = 1 + rng() % (2 * slots), n_tiles = 1 + rng() % 5000;
+    const int warps = rng() % 2 ? 4 : 1;
+    const int64_t max_splits = 1 + rng() % 300;
+    const int64_t s = wave_fill_splits(units, slots, n_tiles, warps, max_splits);
+    ASSERT_GE(s, 1);
+    ASSERT_LE(s, max_splits);
+    // The first count that reaches 90%, if any, and the result uses at least as much.
+    int64_t first = 0;
+    for (int64_t t = 1; t <= max_splits && first == 0; ++t)
+      if (split_wave_use(units, slots, n_tiles, warps, t) >= 0.9) first = t;
+    const double use = split_wave_use(units, slots, n_tiles, warps, s);
+    if (first > 0) {
+      EXPECT_GE(s, first);
+      EXPECT_GE(use, split_wave_use(units, slots, n_tiles, warps, first) - 1e-12);
+    } else {
+      for (int64_t t = 1; t <= max_splits; ++t) EXPECT_GE(use, split_wave_use(units, slots, n_tiles, warps, t) - 1e-9);
+    }
   }
 }
 

@@ -308,6 +308,8 @@ int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len) {
                                             : cuda::decode_ctas_per_sm_hd256(f, rows_per_cta);
   const int64_t slots = int64_t(sm_count()) * occupancy;
   const int64_t units = int64_t(p.batch) * p.num_kv_heads * row_tiles(p, max_q_len);
+  const int64_t tile_keys = cuda::decode_tile_keys(p.head_dim * (f == cuda::KvFormat::kHalf ? 2 : 1));
+  const int64_t n_tiles = (int64_t(max_kv_len) + tile_keys - 1) / tile_keys;
   // Two waves or more: no split. A partial last wave then costs less than a split's merge, because
   // the CTAs of a bandwidth-bound tail each get more of the bandwidth (H200: fp8 128 x 32k ran
   // 2.25 ms with one split against 2.34 ms with three; under two waves, fp8 64 x 4k ran 0.173 ms
@@ -315,25 +317,12 @@ int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len) {
   if (units >= 2 * slots) return 1;
   // One partial wave that still gives every SM a CTA: split only while the CTAs fit in that wave
   // and each warp keeps enough tiles (split_rule.h).
-  if (units >= sm_count() && units <= slots) {
-    const int row_bytes = p.head_dim * (f == cuda::KvFormat::kHalf ? 2 : 1);
-    const int64_t tile_keys = cuda::decode_tile_keys(row_bytes);
-    const int64_t warp_tiles = (int64_t(max_kv_len) + tile_keys - 1) / tile_keys / (wide ? 1 : 4);
-    return cuda::partial_wave_splits(units, slots, warp_tiles);
-  }
-  // The fewest splits whose CTAs fill their waves to 90% or more (192 CTAs on 264 slots leave 27%
-  // of the machine idle; 4 splits make 768 = 97% of three waves), keeping every warp at least two
-  // 16-key tiles and the split count <= 1024.
+  if (units >= sm_count() && units <= slots) return cuda::partial_wave_splits(units, slots, n_tiles / (wide ? 1 : 4));
+  // Otherwise the fewest splits whose CTAs use 90% of their waves (split_rule.h: 192 CTAs on 264
+  // slots leave 27% of the machine idle; 4 splits make 768 = 97% of three waves), keeping every warp
+  // at least two 16-key tiles and the split count <= 1024.
   const int64_t max_splits = std::clamp<int64_t>((int64_t(max_kv_len) + 15) / 16 / 8, 1, 1024);
-  int64_t best = 1;
-  double best_fill = 0.0;
-  for (int64_t s = 1; s <= max_splits; ++s) {
-    const int64_t ctas = units * s, waves = (ctas + slots - 1) / slots;
-    const double fill = double(ctas) / double(waves * slots);
-    if (fill > best_fill + 1e-9) best = s, best_fill = fill;
-    if (fill >= 0.9) return static_cast<int>(s);
-  }
-  return static_cast<int>(best);
+  return cuda::wave_fill_splits(units, slots, n_tiles, wide ? 1 : 4, max_splits);
 }
 
 size_t decode_workspace_bytes(const AttentionParams& p, int max_q_len, int num_splits) {
