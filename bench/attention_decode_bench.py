@@ -5,8 +5,10 @@ too, for reference), and the device's own read ceiling, all in the same run.
 
 Effective bandwidth = bytes of K and V (and scales) the call must read / time per call. Both sides
 are timed alike (bench/cuda_timing.py): a warm-up of --warmup seconds, then --reps samples of 10
-calls replayed from a CUDA graph (--eager: launched from the host), median. Escala runs each shape contiguous bf16, paged bf16 (16-token pages,
-randomly permuted) and paged fp8; the table gives paged/contiguous time and fp8/bf16 tokens/s.
+calls replayed from a CUDA graph (--eager: launched from the host), median. Escala runs each shape
+contiguous bf16 (token-major [T, h_kv, d], and head-major [h_kv, T, d], the peers' layout), paged
+bf16 (16-token pages, randomly permuted) and paged fp8; the table gives paged/contiguous time,
+head-major/token-major time and fp8/bf16 tokens/s.
 
 With --rounds N, Escala and the peers are timed N times in turn and each figure is the median over
 the rounds.
@@ -42,7 +44,8 @@ def run_escala(binary, shapes, reps, timing):
     for name, B, T, h, hk, d in shapes:
         base = f"B={B},T={T},h={h},hk={hk},d={d}"
         specs += [f"{name}|bf16,{base},kv=bf16", f"{name}|paged,{base},kv=bf16,page=16", f"{name}|fp8,{base},kv=fp8,page=16",
-                  f"{name}|hnd,{base},kv=bf16,page=16,hnd=1", f"{name}|fp8hnd,{base},kv=fp8,page=16,hnd=1"]
+                  f"{name}|hnd,{base},kv=bf16,page=16,hnd=1", f"{name}|fp8hnd,{base},kv=fp8,page=16,hnd=1",
+                  f"{name}|hndc,{base},kv=bf16,hnd=1"]
     out = run_bin(binary, ["--bench-decode", "--reps", str(reps)] + timing + specs)
     res = {}
     for line in out.splitlines():
@@ -129,13 +132,15 @@ def main():
     print(f"timing: median of {args.reps} {how} after {args.warmup:g} s of warm-up per shape; peers timed as: "
           f"{', '.join(sorted(modes)) or '-'}")
     print(f"read ceiling (16-byte streaming loads, 8 GiB): {fmt(ceiling)} GB/s\n")
-    print("| shape | Escala bf16 GB/s | % ceiling | splits | paged/contig time | fp8/bf16 tok/s | cuDNN GB/s | FA2 GB/s | Escala / cuDNN |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| shape | Escala bf16 GB/s | % ceiling | splits | paged/contig time | HND/NHD time | fp8/bf16 tok/s | cuDNN GB/s | "
+          "FA2 GB/s | Escala / cuDNN |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in shapes:
         name = shape[0]
         e = esc.get(f"{name}|bf16")
         pg = esc.get(f"{name}|paged")
         f8 = esc.get(f"{name}|fp8")
+        hd = esc.get(f"{name}|hndc")
         peers = {}
         for label in {k for _, p in rounds for k in p[name]}:
             vals = [p[name][label] for _, p in rounds if p[name].get(label)]
@@ -143,7 +148,7 @@ def main():
         cud = peers.get("cuDNN")
         ratio = e[1] / cud if e and cud else None
         print(f"| {name} | {fmt(e and e[1])} | {fmt(e and ceiling and 100 * e[1] / ceiling, '{:.1f}%')} | "
-              f"{fmt(e and e[2])} | {fmt(e and pg and pg[0] / e[0], '{:.3f}')} | "
+              f"{fmt(e and e[2])} | {fmt(e and pg and pg[0] / e[0], '{:.3f}')} | {fmt(e and hd and hd[0] / e[0], '{:.3f}')} | "
               f"{fmt(e and f8 and e[0] / f8[0], '{:.2f}x')} | {fmt(cud)} | {fmt(peers.get('FA2'))} | "
               f"{fmt(ratio, '{:.2f}x')} |", flush=True)
     if not args.no_cascade:

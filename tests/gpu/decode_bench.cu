@@ -274,6 +274,9 @@ int run_decode_bench(int argc, char** argv) {
         p.k_row_stride = p.v_row_stride = s.d;
         p.k_head_stride = p.v_head_stride = int64_t(page) * s.d;
       }
+    } else if (s.hnd) {  // head-major [h_kv, B * T, d]: each head's keys one contiguous run, as in PyTorch's [B, h_kv, T, d]
+      p.k_row_stride = p.v_row_stride = s.d;
+      p.k_head_stride = p.v_head_stride = slots * s.d;
     }
     p.k_scale = quant ? dks.get<float>() : nullptr, p.v_scale = quant ? dvs.get<float>() : nullptr;
     attn::CudaOptions opt;

@@ -34,6 +34,7 @@ struct DecCase {
   DType kv = DType::kBF16;   // storage: the q dtype, kI8 or kFp8E4M3
   int page_size = 0;         // 0: contiguous
   int page_run = 1;          // pages in runs of this many consecutive ones (the runs shuffled)
+  bool head_major = false;   // K/V as [h_kv][token] (contiguous) or [page][h_kv][token] rows, not [token][h_kv]
   bool causal = true;
   int wl = -1, wr = -1, sinks = 0;
   bool sink_logits = false;
@@ -49,7 +50,8 @@ struct DecCase {
     for (int x : kv_lens) os << x << ",";
     os << "} h=" << h << " hk=" << hk << " d=" << d << " q=" << dtype_name(dt) << " kv=" << dtype_name(kv)
        << " page=" << page_size << " causal=" << causal << " window=(" << wl << "," << wr << ") sinks=" << sinks
-       << " sink_logits=" << sink_logits << " softcap=" << softcap << " splits=" << splits << " page_run=" << page_run;
+       << " sink_logits=" << sink_logits << " softcap=" << softcap << " splits=" << splits << " page_run=" << page_run
+       << " head_major=" << head_major;
     return os.str();
   }
 };
@@ -59,7 +61,7 @@ struct KvData {
   std::vector<uint8_t> k, v;      // storage bytes
   std::vector<float> ks, vs;      // scales (quantized)
   std::vector<int32_t> indptr, indices;
-  int64_t row_stride = 0, page_stride = 0;
+  int64_t row_stride = 0, head_stride = 0, page_stride = 0;
   DeviceBuffer dk, dv, dks, dvs, dindptr, dindices;
 
   void upload() {
@@ -81,7 +83,7 @@ struct KvData {
     p.v_scale = vs.empty() ? nullptr : device ? dvs.get<float>() : vs.data();
     p.page_size = page_size;
     p.k_row_stride = p.v_row_stride = row_stride;
-    p.k_head_stride = p.v_head_stride = 0;  // set by the caller
+    p.k_head_stride = p.v_head_stride = head_stride;
     p.k_page_stride = p.v_page_stride = page_stride;
     p.page_indptr = indptr.empty() ? nullptr : device ? dindptr.get<int32_t>() : indptr.data();
     p.page_indices = indptr.empty() ? nullptr : device ? dindices.get<int32_t>() : indices.data();
@@ -89,13 +91,13 @@ struct KvData {
 };
 
 // Stores f32 K/V [total_kv, hk, d] in `fmt`, contiguous or in randomly permuted pages (runs of
-// `page_run` consecutive pages, shuffled as units).
+// `page_run` consecutive pages, shuffled as units); token-major, or head-major within the buffer
+// (contiguous) or each page.
 KvData store_kv(const std::vector<float>& kf, const std::vector<float>& vf, const std::vector<int>& kv_lens, int hk,
-                int d, DType fmt, int page_size, uint64_t seed, int page_run = 1) {
+                int d, DType fmt, int page_size, uint64_t seed, int page_run = 1, bool head_major = false) {
   KvData out;
   const size_t eb = dtype_size(fmt);
   const int64_t row = int64_t(hk) * d;
-  out.row_stride = row;
   const int batch = static_cast<int>(kv_lens.size());
   std::vector<int64_t> slot_of;  // slot of each (sequence-major) token
   int64_t num_slots = 0;
@@ -132,6 +134,14 @@ KvData store_kv(const std::vector<float>& kf, const std::vector<float>& vf, cons
     num_slots = num_pages * page_size;
     out.page_stride = int64_t(page_size) * row;
   }
+  out.row_stride = head_major ? d : row;
+  out.head_stride = head_major ? (page_size > 0 ? int64_t(page_size) * d : num_slots * d) : d;
+  // Element offset of (slot, head, 0).
+  auto row_at = [&](int64_t slot, int h) {
+    if (!head_major) return slot * row + int64_t(h) * d;
+    if (page_size == 0) return h * out.head_stride + slot * d;
+    return (slot / page_size) * out.page_stride + h * out.head_stride + (slot % page_size) * d;
+  };
   // Unused slots (past each sequence's end, spare pages) hold 0xff bytes, NaN in the 16-bit and fp8
   // formats: a kernel that lets them into a result fails.
   const uint8_t fill = page_size > 0 ? 0xff : 0;
@@ -161,7 +171,7 @@ KvData store_kv(const std::vector<float>& kf, const std::vector<float>& vf, cons
     for (size_t t = 0; t < slot_of.size(); ++t)
       for (int h = 0; h < hk; ++h) {
         const float* x = &src[(t * hk + h) * d];
-        uint8_t* y = &dst[(slot_of[t] * row + int64_t(h) * d) * eb];
+        uint8_t* y = &dst[row_at(slot_of[t], h) * eb];
         if (fmt == DType::kI8) {
           float m = 0;
           for (int c = 0; c < d; ++c) m = std::max(m, std::fabs(x[c]));
@@ -246,7 +256,6 @@ void reference(const DecCase& c, const Problem& pr, const KvData& kv, std::vecto
                std::vector<float>& lse_ref) {
   AttentionParams hp = base_params(c, pr);
   kv.bind(hp, c.page_size, false);
-  hp.k_head_stride = hp.v_head_stride = c.d;
   reference_over_stored_kv(hp, o_ref, lse_ref);
 }
 
@@ -266,7 +275,6 @@ void to_device(const DecCase& c, const Problem& pr, KvData& kv, DeviceProblem& d
   kv.upload();
   dp.g = base_params(c, pr);
   kv.bind(dp.g, c.page_size, true);
-  dp.g.k_head_stride = dp.g.v_head_stride = c.d;
   dp.g.q = dp.dq.get(), dp.g.o = dp.d_o.get(), dp.g.lse = dp.d_lse.get<float>();
   dp.g.cu_seqlens_q = dp.dcq.get<int32_t>(), dp.g.cu_seqlens_k = dp.dck.get<int32_t>();
   dp.g.sink_logits = c.sink_logits ? dp.dsink.get<float>() : nullptr;
@@ -277,7 +285,7 @@ void to_device(const DecCase& c, const Problem& pr, KvData& kv, DeviceProblem& d
 void check_case(const DecCase& c, attn::Impl impl = attn::Impl::kDecode) {
   SCOPED_TRACE(c.describe());
   const Problem pr = make_problem(c);
-  KvData kv = store_kv(pr.kf, pr.vf, c.kv_lens, c.hk, c.d, c.kv, c.page_size, c.seed + 11, c.page_run);
+  KvData kv = store_kv(pr.kf, pr.vf, c.kv_lens, c.hk, c.d, c.kv, c.page_size, c.seed + 11, c.page_run, c.head_major);
   std::vector<float> o_ref, lse_ref;
   reference(c, pr, kv, o_ref, lse_ref);
   DeviceProblem dp;
@@ -431,6 +439,27 @@ TEST(DecodeCuda, LongSequences) {
   check_case(c);
 }
 
+// K/V rows head-major (each head's tokens one run, PyTorch's [B, h_kv, T, d] with B folded into T;
+// or [page][h_kv][token] pages): every format, the three row forms, TMA rows and cp.async rows.
+TEST(DecodeCuda, HeadMajorLayouts) {
+  const struct {
+    DType kv;
+    int d, page;
+  } layouts[] = {{DType::kBF16, 64, 0}, {DType::kBF16, 128, 0}, {DType::kBF16, 64, 16},  {DType::kBF16, 128, 16},
+                 {DType::kI8, 128, 0},  {DType::kI8, 128, 16},  {DType::kFp8E4M3, 128, 16}, {DType::kFp8E4M3, 64, 32}};
+  uint64_t seed = 900;
+  for (const auto& l : layouts)
+    for (const auto& gqa : {std::pair{8, 2}, std::pair{9, 3}, std::pair{32, 2}}) {
+      DecCase c;
+      c.kv = l.kv, c.d = l.d, c.page_size = l.page, c.head_major = true, c.seed = seed++;
+      c.h = gqa.first, c.hk = gqa.second;
+      c.q_lens = {1, 2, 1}, c.kv_lens = {1, 777, 4097};
+      check_case(c);
+      c.splits = 3, c.seed = seed++;
+      check_case(c);
+    }
+}
+
 // The same K/V, contiguous and paged, with the same split count: identical bits.
 TEST(DecodeCuda, PagedEqualsContiguous) {
   for (DType kv : {DType::kBF16, DType::kI8}) {
@@ -544,7 +573,6 @@ TEST(DecodeCuda, CascadeSharedPrefixEqualsFullSequences) {
       hp.q = pr.q.data(), hp.sink_logits = sink_logits ? pr.sinks.data() : nullptr;
       hp.cu_seqlens_q = cu_q.data(), hp.cu_seqlens_k = cu_full.data();
       kv.bind(hp, page, false);
-      hp.k_head_stride = hp.v_head_stride = c.d;
       hp.page_indptr = ind_full.data(), hp.page_indices = pages_full.data();
       std::vector<float> o_ref, lse_ref;
       reference_over_stored_kv(hp, o_ref, lse_ref);
@@ -558,7 +586,6 @@ TEST(DecodeCuda, CascadeSharedPrefixEqualsFullSequences) {
       dsink.upload(pr.sinks);
       AttentionParams g = hp;
       kv.bind(g, page, true);
-      g.k_head_stride = g.v_head_stride = c.d;
       g.q = dq.get(), g.o = d_o.get(), g.lse = d_lse.get<float>();
       g.sink_logits = sink_logits ? dsink.get<float>() : nullptr;
       g.cu_seqlens_q = dcq.get<int32_t>(), g.cu_seqlens_k = dck.get<int32_t>();
