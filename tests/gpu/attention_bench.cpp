@@ -1,8 +1,8 @@
 // Benchmark mode of the GPU test binary: `escala_gpu_tests --bench [--reps N] [--arch sm80|sm90] SPEC...` where SPEC is
 // name,B=..,S=..[,Sk=..],h=..,hk=..,d=..[,dv=..][,causal=1][,wl=..][,wr=..][,sinks=..][,dtype=bf16|f16]
 // [,rows=128|192] (the sm_90 kernel's query tile at d <= 64; default: its cost model).
-// [--eager] [--warmup S]. Fresh random inputs per shape (never zeros); timing in bench_timing.h
-// (warm-up, samples of 10 calls replayed from a CUDA graph, median of N).
+// [--eager] [--warmup S] [--inner N]. Fresh random inputs per shape (never zeros); timing in bench_timing.h
+// (warm-up, samples of --inner calls, default 10, replayed from a CUDA graph; median of --reps).
 // FLOPs = 2 * (d + dv) * (visible (query, key) pairs) * h * B: only pairs the mask lets through count.
 #include <cuda_runtime.h>
 

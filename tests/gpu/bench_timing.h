@@ -2,8 +2,8 @@
 // the peers' in bench/cuda_timing.py:
 // - a warm-up of at least `warmup_s` seconds of calls, so that each shape is timed at the clocks its
 //   own load settles to: the H200's power controller keeps the lower clocks of a heavy predecessor
-//   for a few hundred ms (2026-11-30: SmolLM2's decode read 61 us right after fp8 128 x 32k and
-//   55 us a call later);
+//   for a few hundred ms (2026-11-30: SmolLM2's decode read 61 us when timed right after fp8
+//   128 x 32k, 55 us when timed again);
 // - samples of `inner` back-to-back calls replayed from one CUDA graph, so that no host launch cost
 //   sits between calls (PyTorch's SDPA spends ~60 us of host time per call on that machine, which
 //   floored its decode calls at 60 us whatever their length).

@@ -1,8 +1,8 @@
 // Decode benchmark mode of the GPU test binary:
-//   escala_gpu_tests --bench-decode [--reps N] [--eager] [--warmup S] SPEC...
+//   escala_gpu_tests --bench-decode [--reps N] [--eager] [--warmup S] [--inner N] SPEC...
 //       SPEC = name,B=..,T=..,h=..,hk=..,d=..[,kv=bf16|f16|i8|fp8][,page=16][,hnd=1][,q=1][,splits=0][,prefix=N]
 //   (prefix=N: B sequences share an N-token prefix and own T tokens: plain decode vs cascade)
-//   escala_gpu_tests --bench-read [--reps N] [--mb 4096]   the device's read ceiling
+//   escala_gpu_tests --bench-read [--reps N] [--mb 4096] [timing flags]   the device's read ceiling
 // Inputs are filled on the device with hashed uniform values (never zeros); pages are a random
 // permutation. Timing in bench_timing.h (warm-up, samples of 10 calls replayed from a CUDA graph,
 // median of N). Bandwidth = bytes of K and V (and their scales) the call must read / time.
