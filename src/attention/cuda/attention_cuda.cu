@@ -452,8 +452,9 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
       ws = static_cast<uint8_t*>(options.workspace);
       k.tile_counter = reinterpret_cast<int32_t*>(ws);
     } else {
-      static cuda::StreamCounters counters;
-      k.tile_counter = counters.get(stream, e);
+      // The work counter, one per stream, zeroed on the stream before each launch.
+      static cuda::StreamScratch counters;
+      k.tile_counter = static_cast<int32_t*>(counters.get(stream, sizeof(int32_t), e));
       if (k.tile_counter == nullptr) return cuda_error("allocating the prefill work counter", e);
       if (part_bytes > 0) {
         static cuda::StreamScratch scratch;

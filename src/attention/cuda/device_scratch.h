@@ -44,29 +44,9 @@ class DeviceScratch {
   size_t size_ = 0;
 };
 
-// One device int32 per stream, kept: the prefill kernel's work counter (zeroed on the stream before
-// each launch), so that launches on different streams never share one. The first use on a stream
-// allocates (not capturable: callers that capture pass their own workspace).
-class StreamCounters {
- public:
-  int32_t* get(cudaStream_t stream, cudaError_t& err) {
-    std::lock_guard<std::mutex> lock(mu_);
-    err = cudaSuccess;
-    int32_t*& c = counters_[stream];
-    if (c == nullptr) {
-      err = cudaMalloc(&c, sizeof(int32_t));
-      if (err != cudaSuccess) c = nullptr;
-    }
-    return c;
-  }
-
- private:
-  std::mutex mu_;
-  std::map<cudaStream_t, int32_t*> counters_;
-};
-
 // A DeviceScratch per stream, so that calls on different streams (the cascade's two passes, or a
-// caller's concurrent streams) never share split partials or merge counters.
+// caller's concurrent streams) never share split partials, merge or work counters, or the
+// cascade's partial results. The first use on a stream allocates (not capturable).
 class StreamScratch {
  public:
   explicit StreamScratch(bool zeroed = false) : zeroed_(zeroed) {}
