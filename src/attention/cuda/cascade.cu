@@ -108,10 +108,11 @@ Status cascade_attention_cuda(const AttentionParams& p, const CascadePrefix& pre
   if (total_q <= 0) return {};
   const int d = p.head_dim;
   const size_t o_bytes = size_t(total_q) * p.num_heads * d * 2, l_bytes = size_t(total_q) * p.num_heads * 4;
-  // The two partial results and the prefix call's index arrays.
-  static cuda::DeviceScratch scratch;
+  // The two partial results and the prefix call's index arrays, per stream like the library's other
+  // workspaces (cascade calls on two streams at once must not share them).
+  static cuda::StreamScratch scratch;
   cudaError_t e = cudaSuccess;
-  auto* base = static_cast<uint8_t*>(scratch.get(2 * o_bytes + 2 * l_bytes + 64, e));
+  auto* base = static_cast<uint8_t*>(scratch.get(stream, 2 * o_bytes + 2 * l_bytes + 64, e));
   if (base == nullptr) return fail(std::string("allocating scratch: ") + cudaGetErrorString(e));
   void* o_pre = base;
   void* o_own = base + o_bytes;
