@@ -121,13 +121,14 @@ __device__ __forceinline__ bool warp_needs_rescale(const float (&alpha)[2]) {
   return __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f);
 }
 
-template <int kDT>
+// O *= alpha per row: rows on the accumulators' M side (element e of a tile is row e / 2), or with
+// kColumns on their N side (the decode kernel's O^T: row e % 2).
+template <int kDT, bool kColumns = false>
 __device__ __forceinline__ void rescale_rows(float (&o)[kDT][4], const float (&alpha)[2]) {
 #pragma unroll
-  for (int j = 0; j < kDT; ++j) {
-    o[j][0] *= alpha[0], o[j][1] *= alpha[0];
-    o[j][2] *= alpha[1], o[j][3] *= alpha[1];
-  }
+  for (int j = 0; j < kDT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j][e] *= alpha[kColumns ? (e & 1) : (e >> 1)];
 }
 
 // P (the exponentiated scores) as A fragments of m16n8k16 / wgmma k16: key chunk kk is n-tiles

@@ -563,10 +563,7 @@ __global__ void __launch_bounds__(128)
       }
       float alpha[2];
       softmax_update<kMT, false, true>(s, row_max, row_sum, p.scale_log2, alpha);
-      if (warp_needs_rescale(alpha)) {
-#pragma unroll
-        for (int j = 0; j < kOT; ++j) o[j][0] *= alpha[0], o[j][1] *= alpha[1], o[j][2] *= alpha[0], o[j][3] *= alpha[1];
-      }
+      if (warp_needs_rescale(alpha)) rescale_rows<kOT, true>(o, alpha);
       // P^T as B operands of O^T += V^T P^T: each 8 x 8 block (keys g, rows 2 t4 and + 1) transposed.
       uint32_t pb[kMT][2];
 #pragma unroll
