@@ -16,12 +16,14 @@ import statistics
 import subprocess
 import sys
 
+from cuda_timing import add_timing_args, binary_flags
+
 
 def run(binary, mode, specs, args):
     cmd = [binary, "--bench-decode" if mode == "decode" else "--bench", "--reps", str(args.reps)]
     if mode == "prefill":
         cmd += ["--arch", args.arch]
-    cmd += (["--eager"] if args.eager else []) + ["--warmup", str(args.warmup), "--inner", str(args.inner)]
+    cmd += binary_flags(args)
     out = subprocess.run(cmd + specs, capture_output=True, text=True).stdout
     res = {}
     for line in out.splitlines():
@@ -42,9 +44,7 @@ def main():
     ap.add_argument("--passes", type=int, default=2, help="mirrored passes (each runs every binary twice)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--arch", default="auto")
-    ap.add_argument("--eager", action="store_true")
-    ap.add_argument("--warmup", type=float, default=0.25)
-    ap.add_argument("--inner", type=int, default=10)
+    add_timing_args(ap)
     ap.add_argument("specs", nargs="+")
     args = ap.parse_args()
     bins = [b.split("=", 1) for b in args.bin]

@@ -21,7 +21,7 @@ import statistics
 import subprocess
 import sys
 
-from cuda_timing import last_mode, time_cuda
+from cuda_timing import add_timing_args, binary_flags, describe, last_mode, time_cuda, timing_kwargs
 
 # name, B, T, h, hk, d
 SHAPES = [
@@ -78,7 +78,7 @@ def run_peers(shape, reps, args, modes):
             def fn():
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(q, k, v, enable_gqa=hk != h)
-            ms = time_cuda(fn, reps, inner=args.inner, warmup_s=args.warmup, graph=not args.eager)
+            ms = time_cuda(fn, reps, **timing_kwargs(args))
             modes.add(f"{label} {last_mode()}")
             out[label] = nbytes / (ms * 1e-3) / 1e9
         except Exception as e:  # backend refuses this shape
@@ -103,13 +103,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="time Escala and the peers this many times, alternating; each figure is the median over "
                          "the rounds")
-    ap.add_argument("--eager", action="store_true",
-                    help="launch every timed call from the host instead of replaying a CUDA graph (both sides)")
-    ap.add_argument("--warmup", type=float, default=0.25,
-                    help="seconds of calls before each shape's samples (both sides), so that clocks settle")
-    ap.add_argument("--inner", type=int, default=10, help="calls per sample (both sides)")
+    add_timing_args(ap)
     args = ap.parse_args()
-    timing = (["--eager"] if args.eager else []) + ["--warmup", str(args.warmup), "--inner", str(args.inner)]
+    timing = binary_flags(args)
     modes = set()  # how each peer's samples were launched
     shapes = [s for s in SHAPES if args.filter in s[0]]
 
@@ -128,8 +124,7 @@ def main():
         esc[key] = (statistics.median(g[0] for g in got), statistics.median(g[1] for g in got), got[0][2])
     if len(rounds) > 1:
         print(f"(medians over {len(rounds)} rounds)")
-    how = f"{'host-launched' if args.eager else 'CUDA-graph'} samples of {args.inner} calls"
-    print(f"timing: median of {args.reps} {how} after {args.warmup:g} s of warm-up per shape; peers timed as: "
+    print(f"timing: median of {args.reps} {describe(args)} per shape; peers timed as: "
           f"{', '.join(sorted(modes)) or '-'}")
     print(f"read ceiling (16-byte streaming loads, 8 GiB): {fmt(ceiling)} GB/s\n")
     print("| shape | Escala bf16 GB/s | % ceiling | splits | paged/contig time | HND/NHD time | fp8/bf16 tok/s | cuDNN GB/s | "

@@ -21,7 +21,7 @@ import statistics
 import subprocess
 import sys
 
-from cuda_timing import last_mode, time_cuda
+from cuda_timing import add_timing_args, binary_flags, describe, last_mode, time_cuda, timing_kwargs
 
 # name, B, S, h, hk, d, causal, window_left, sinks, dv   (window_left -1: none; window right is 0
 # when set)
@@ -68,10 +68,6 @@ def flops(shape):
     return 2.0 * (d + dv) * visible_pairs(S, causal, wl, sinks) * h * B
 
 
-def timing_flags(args):
-    return (["--eager"] if args.eager else []) + ["--warmup", str(args.warmup), "--inner", str(args.inner)]
-
-
 def run_escala(binary, shape_list, reps, arch, timing):
     specs = []
     for name, B, S, h, hk, d, causal, wl, sinks, dv in shape_list:
@@ -107,7 +103,7 @@ def run_peers(shape, reps, flex_cache, args, modes):
                 def fn():
                     with sdpa_kernel(backend):
                         return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), enable_gqa=hk != h)
-                ms = time_cuda(fn, reps, inner=args.inner, warmup_s=args.warmup, graph=not args.eager)
+                ms = time_cuda(fn, reps, **timing_kwargs(args))
                 modes.add(f"{label} {last_mode()}")
                 out[label] = fl / (ms * 1e-3) / 1e12
             except Exception as e:  # backend refuses this shape
@@ -125,8 +121,8 @@ def run_peers(shape, reps, flex_cache, args, modes):
                 return vis
 
             bm = create_block_mask(mask_mod, B=None, H=None, Q_LEN=S, KV_LEN=S, device="cuda")
-            ms = time_cuda(lambda: flex(q, k, v, block_mask=bm, enable_gqa=hk != h), reps, warmup_s=args.warmup,
-                           graph=not args.eager)
+            ms = time_cuda(lambda: flex(q, k, v, block_mask=bm, enable_gqa=hk != h), reps,
+                           **timing_kwargs(args))
             modes.add(f"Flex {last_mode()}")
             out["Flex"] = fl / (ms * 1e-3) / 1e12
         except Exception as e:
@@ -148,11 +144,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="time Escala and the peers this many times, alternating; each figure is the median over "
                          "the rounds (the machines lent move by several percent from one call to the next)")
-    ap.add_argument("--eager", action="store_true",
-                    help="launch every timed call from the host instead of replaying a CUDA graph (both sides)")
-    ap.add_argument("--warmup", type=float, default=0.25,
-                    help="seconds of calls before each shape's samples (both sides), so that clocks settle")
-    ap.add_argument("--inner", type=int, default=10, help="calls per sample (both sides)")
+    add_timing_args(ap)
     args = ap.parse_args()
 
     shape_list = [s for s in shapes(args.extra) if args.filter in s[0]]
@@ -160,8 +152,8 @@ def main():
     modes = set()  # how each peer's samples were launched
     rounds = []  # per round: (Escala, Escala sm80, peers by shape)
     for _ in range(max(1, args.rounds)):
-        esc = run_escala(args.bin, shape_list, args.reps, "auto", timing_flags(args))
-        esc80 = run_escala(args.bin, shape_list, args.reps, "sm80", timing_flags(args)) if args.sm80 else {}
+        esc = run_escala(args.bin, shape_list, args.reps, "auto", binary_flags(args))
+        esc80 = run_escala(args.bin, shape_list, args.reps, "sm80", binary_flags(args)) if args.sm80 else {}
         peers = {s[0]: ({} if args.no_peers else run_peers(s, args.reps, flex_cache, args, modes)) for s in shape_list}
         rounds.append((esc, esc80, peers))
 
@@ -185,9 +177,8 @@ def main():
     except Exception:
         gpu = "?"
     over = f"; median over {len(rounds)} rounds" if len(rounds) > 1 else ""
-    how = f"{'host-launched' if args.eager else 'CUDA-graph'} samples of {args.inner} calls"
     print(f"\n# CUDA prefill, bf16, TFLOP/s over visible pairs (2*(d+dv)*pairs*h*B); {gpu}; median of {args.reps} "
-          f"{how} after {args.warmup:g} s of warm-up{over}; peers timed as: {', '.join(sorted(modes)) or '-'}")
+          f"{describe(args)}{over}; peers timed as: {', '.join(sorted(modes)) or '-'}")
     print("| shape | B | Escala | Escala sm80 | cuDNN | FA2 | Flex | best peer | Escala / best |")
     print("|---|---|---|---|---|---|---|---|---|")
     ratios_dense = []

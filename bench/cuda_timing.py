@@ -12,6 +12,31 @@ import time
 _mode = "graph"
 
 
+def add_timing_args(ap):
+    """The timing flags every GPU benchmark script takes (both sides use them)."""
+    ap.add_argument("--eager", action="store_true",
+                    help="launch every timed call from the host instead of replaying a CUDA graph (both sides)")
+    ap.add_argument("--warmup", type=float, default=0.25,
+                    help="seconds of calls before each shape's samples (both sides), so that clocks settle")
+    ap.add_argument("--inner", type=int, default=10, help="calls per sample (both sides)")
+
+
+def binary_flags(args):
+    """The same timing as escala_gpu_tests flags (tests/gpu/bench_timing.h)."""
+    return (["--eager"] if args.eager else []) + ["--warmup", str(args.warmup), "--inner", str(args.inner)]
+
+
+def timing_kwargs(args):
+    """The same timing as time_cuda's keyword arguments."""
+    return {"inner": args.inner, "warmup_s": args.warmup, "graph": not args.eager}
+
+
+def describe(args):
+    """How the samples were taken, for a table's header."""
+    how = "host-launched" if args.eager else "CUDA-graph"
+    return f"{how} samples of {args.inner} calls after {args.warmup:g} s of warm-up"
+
+
 def last_mode():
     """'graph' or 'eager': how the last time_cuda call launched its samples."""
     return _mode
