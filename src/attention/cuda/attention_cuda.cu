@@ -317,7 +317,8 @@ int decode_num_splits(const AttentionParams& p, int max_q_len, int max_kv_len) {
   if (units >= 2 * slots) return 1;
   // One partial wave that still gives every SM a CTA: split only while the CTAs fit in that wave
   // and each warp keeps enough tiles (split_rule.h).
-  if (units >= sm_count() && units <= slots) return cuda::partial_wave_splits(units, slots, n_tiles / (wide ? 1 : 4));
+  if (units >= sm_count() && units <= slots)
+    return cuda::partial_wave_splits(units, slots, n_tiles / (wide ? 1 : 4), f == cuda::KvFormat::kHalf ? 32 : 16);
   // Otherwise the fewest splits whose CTAs use 90% of their waves (split_rule.h: 192 CTAs on 264
   // slots leave 27% of the machine idle; 4 splits make 768 = 97% of three waves), keeping every warp
   // at least two 16-key tiles and the split count <= 1024.

@@ -76,8 +76,14 @@ struct DecodeCfg {
   // stages at two CTAs per SM (H200: fp8 128 x 32k -3.5%, 64 x 4k -11%; int8, whose conversions
   // cost twice fp8's, was 6% slower so).
   static constexpr bool kThreeStages128 = F == KvFormat::kFp8 && kColumns;
+  // 64-byte rows (8-bit d = 64) cost a warp as much math per key as 16-bit rows for half the bytes,
+  // so the warp's latency bounds them, not bytes in flight: two stages (instead of five) fit four
+  // CTAs per SM, and the split rule fills them (H200, SmolLM2's 9/3 at 64 x 4k, paged fp8: 45.3 ->
+  // 41.4 us with two splits, int8 49.4 -> 43.3; 16 x 8k 35.6 -> 27.0; 128 x 8k 154 -> 139; but
+  // 1 x 32k 14.8 -> 15.6; three stages were between).
+  static constexpr bool kTwoStages64 = kQuant && kRowBytes == 64 && !kWide;
   static constexpr int kStagesRaw =
-      (kWide ? 98304 : (kRowBytes == 128 && !kThreeStages128 ? 20480 : 28672)) / kStageBytes;
+      kTwoStages64 ? 2 : (kWide ? 98304 : (kRowBytes == 128 && !kThreeStages128 ? 20480 : 28672)) / kStageBytes;
   static constexpr int kStageCap = kWide ? 8 : 6;
   static constexpr int kStages = kStagesRaw < 2 ? 2 : (kStagesRaw > kStageCap ? kStageCap : kStagesRaw);
   static constexpr int kRingBytes = kRings * kStages * kStageBytes;

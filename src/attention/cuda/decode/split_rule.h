@@ -8,13 +8,15 @@ namespace escala::attn::cuda {
 
 // `units` CTAs without a split (sequences x kv heads x row tiles), `slots` CTAs the GPU holds at
 // once, `warp_tiles` key tiles each warp takes without a split. Splits while all CTAs still fit in
-// the one wave and each warp keeps at least 32 tiles, so that the merge's launch and partials cost
-// less than the bytes the extra CTAs put in flight bring (H200: fp8 d128 at 17 x 8k, 136 CTAs:
-// 0.133 ms with one split, 0.097 with two; at 24 x 8k 0.135 / 0.117; but SmolLM2's 9/3 d64 at
-// 64 x 4k, 192 CTAs with 16 tiles per warp after a split: 54.0 us with one, 58.1 with two).
-inline int partial_wave_splits(int64_t units, int64_t slots, int64_t warp_tiles) {
+// the one wave and each warp keeps at least `min_warp_tiles` tiles, so that the merge's launch and
+// partials cost less than what the extra CTAs bring: bytes in flight for 16-bit K/V (32 tiles; H200:
+// bf16 SmolLM2's 9/3 d64 at 64 x 4k, 192 CTAs with 16 tiles per warp after a split: 54.0 us with
+// one, 58.1 with two), warps to hide each other's math for 8-bit K/V (16 tiles; fp8 d128 at 17 x 8k,
+// 136 CTAs: 0.133 ms with one split, 0.097 with two; fp8 SmolLM2's shape at 4 CTAs per SM: 44.2 us
+// with one, 41.4 with two).
+inline int partial_wave_splits(int64_t units, int64_t slots, int64_t warp_tiles, int64_t min_warp_tiles = 32) {
   int64_t s = 1;
-  while (units > 0 && units * (s + 1) <= slots && warp_tiles / (s + 1) >= 32) ++s;
+  while (units > 0 && units * (s + 1) <= slots && warp_tiles / (s + 1) >= min_warp_tiles) ++s;
   return static_cast<int>(s);
 }
 
