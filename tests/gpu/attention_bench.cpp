@@ -78,26 +78,14 @@ int run_bench(int argc, char** argv) {
   attn::cuda::KernelArch arch = attn::cuda::KernelArch::kAuto;
   BenchTiming timing;
   std::vector<Shape> shapes;
-  for (int i = 0; i < argc; ++i) {
-    if (timing.parse_flag(argc, argv, i)) continue;
-    const std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc) {
-      reps = std::max(1, std::atoi(argv[++i]));
-      continue;
-    }
-    if (a == "--arch" && i + 1 < argc) {
-      const std::string v = argv[++i];
-      arch = v == "sm80" ? attn::cuda::KernelArch::kSm80
-                         : (v == "sm90" ? attn::cuda::KernelArch::kSm90 : attn::cuda::KernelArch::kAuto);
-      continue;
-    }
-    Shape s;
-    if (!parse_shape(a, s)) {
-      std::fprintf(stderr, "bad shape spec: %s\n", a.c_str());
-      return 2;
-    }
-    shapes.push_back(s);
-  }
+  auto arch_flag = [&arch](int n, char** args, int& i) {
+    if (std::string(args[i]) != "--arch" || i + 1 >= n) return false;
+    const std::string v = args[++i];
+    arch = v == "sm80" ? attn::cuda::KernelArch::kSm80
+                       : (v == "sm90" ? attn::cuda::KernelArch::kSm90 : attn::cuda::KernelArch::kAuto);
+    return true;
+  };
+  if (!parse_bench_args(argc, argv, "shape", reps, timing, shapes, arch_flag, parse_shape)) return 2;
   cudaDeviceProp prop{};
   GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("# device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);

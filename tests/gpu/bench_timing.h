@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,29 @@ struct BenchTiming {
     return false;
   }
 };
+
+// The benchmark modes' command line: [--reps N] [timing flags] [the mode's own flags] SPEC...
+// `extra(argc, argv, i)` takes a mode's own flag at argv[i] (true if it did, advancing i past a
+// value); `parse(text, spec)` reads one SPEC. False, after a one-line error, on a SPEC it cannot read.
+template <class Spec, class Extra, class Parse>
+bool parse_bench_args(int argc, char** argv, const char* what, int& reps, BenchTiming& timing, std::vector<Spec>& specs,
+                      Extra&& extra, Parse&& parse) {
+  for (int i = 0; i < argc; ++i) {
+    if (timing.parse_flag(argc, argv, i) || extra(argc, argv, i)) continue;
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) {
+      reps = std::max(1, std::atoi(argv[++i]));
+      continue;
+    }
+    Spec s;
+    if (!parse(a, s)) {
+      std::fprintf(stderr, "bad %s spec: %s\n", what, a.c_str());
+      return false;
+    }
+    specs.push_back(s);
+  }
+  return true;
+}
 
 struct CallTime {
   bool ok = false;  // false: a call failed

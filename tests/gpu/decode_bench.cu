@@ -200,20 +200,8 @@ int run_decode_bench(int argc, char** argv) {
   int reps = 30;
   BenchTiming timing;
   std::vector<Spec> specs;
-  for (int i = 0; i < argc; ++i) {
-    if (timing.parse_flag(argc, argv, i)) continue;
-    const std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc) {
-      reps = std::max(1, std::atoi(argv[++i]));
-      continue;
-    }
-    Spec s;
-    if (!parse(a, s)) {
-      std::fprintf(stderr, "bad decode spec: %s\n", a.c_str());
-      return 2;
-    }
-    specs.push_back(s);
-  }
+  if (!parse_bench_args(argc, argv, "decode", reps, timing, specs, [](int, char**, int&) { return false; }, parse))
+    return 2;
   cudaStream_t stream;
   GPU_CHECK(cudaStreamCreate(&stream));
   uint64_t seed = 1;

@@ -135,20 +135,8 @@ int run_stream_bench(int argc, char** argv) {
   int reps = 30;
   BenchTiming timing;
   std::vector<StreamSpec> specs;
-  for (int i = 0; i < argc; ++i) {
-    if (timing.parse_flag(argc, argv, i)) continue;
-    const std::string a = argv[i];
-    if (a == "--reps" && i + 1 < argc) {
-      reps = std::max(1, std::atoi(argv[++i]));
-      continue;
-    }
-    StreamSpec s;
-    if (!parse(a, s)) {
-      std::fprintf(stderr, "bad stream spec: %s\n", a.c_str());
-      return 2;
-    }
-    specs.push_back(s);
-  }
+  if (!parse_bench_args(argc, argv, "stream", reps, timing, specs, [](int, char**, int&) { return false; }, parse))
+    return 2;
   cudaDeviceProp prop{};
   GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream;
