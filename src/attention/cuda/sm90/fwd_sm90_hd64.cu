@@ -11,14 +11,16 @@ namespace {
 // tile) where its higher throughput pays for its padding rows and its wider diagonal. The cost of
 // a tile height is the makespan of its items on the persistent grid, in 128-row x 128-key tile
 // times: the larger of the total work over the SMs and the longest item. A 192-row tile takes
-// 192 / 128 / kGain of that time: the 192-row kernel did 12-16% more row x key tiles per second
-// than the 128-row one on the H200 (one A/B run, session 7: S = 1k non-causal 3% faster although it
-// visits 12.5% more tiles, S = 4k / 16k 5-14% faster) and lost 11% at S = 1k causal, where it
-// visits 6144 row-tiles against 4608.
+// 192 / 128 / kGain of that time. Under sustained load (graph timing, power-capped clocks; H200,
+// session 13) the 192-row kernel did 6-8% more row x key tiles per second than the 128-row one:
+// S = 1k non-causal 128 rows 4% faster (731 against 775 us, 192 rows visit 12.5% more tiles),
+// S = 4k non-causal 192 rows 4% faster, causal 128 rows 3% faster, S = 16k 192 rows 4-7% faster,
+// GQA 32/8 at 8k 6%. Every choice is right for kGain in (1.031, 1.091). (Session 7, each call
+// timed alone at a cool card's clocks, had measured 12-16%.)
 int dense_tile_rows(const FwdParams& p, const Sm90Extents& e) {
   if (e.tile_rows != 0) return e.tile_rows;
   const int64_t shift = int64_t(e.max_kv_len) - e.max_q_len;
-  constexpr double kGain = 1.15;
+  constexpr double kGain = 1.06;
   auto makespan = [&](int bm) {
     int64_t tiles = 0, longest = 0;
     for (int m0 = 0; m0 < e.max_q_len; m0 += bm) {
