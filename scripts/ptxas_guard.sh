@@ -3,6 +3,10 @@
 # fails it when ptxas reports that it serialised wgmma instructions or injected a wait for them
 # (its "C75xx" notes, printed as info, not as warnings). Such a kernel is correct but runs 25-35%
 # slower (docs/cuda_notes.md, step 29), which only a GPU would otherwise show.
+# ccache (when the user launches through it) in depend mode: its default preprocessed mode hashes
+# nvcc's host-side preprocessing only when several -gencode targets are given, so an edit inside
+# an `#if __CUDA_ARCH__` block (every sm_90 kernel body) returned the stale object (ccache 4.7).
+export CCACHE_DEPEND=1
 log=$(mktemp) || exit 1
 "$@" 2>"$log"
 rc=$?
