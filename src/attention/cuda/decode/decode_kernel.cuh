@@ -89,8 +89,10 @@ struct DecodeCfg {
   // When a warp refills a stage: at release (once its math on the stage is done, so all kStages
   // tiles are in flight while it waits) or after the next wait (kStages - 1 in flight, the wide
   // form's only choice: its shared ring frees a stage at the block barrier). At release pays where
-  // a 16-bit warp has only two stages (H200, SmolLM2's 9/3 d64 bf16 at 64 x 4k: paged 55.7 -> 53.2
-  // us, contiguous 53.0 -> 52.4); elsewhere it measured -0.6% to +2.4% (fp8 1 x 32k +2.4%).
+  // a 16-bit warp has only two stages (H200: d = 256 at 16 x 8k 269.5 -> 248.0 us; SmolLM2's 9/3
+  // d = 64 at 64 x 4k paged 55.2 -> 53.9, contiguous 52.0 -> 51.0), though it cost 3% where three
+  // CTAs already fill an SM (d = 64 at 16 x 8k, 3 splits); in the other forms it measured -0.6% to
+  // +2.4% (fp8 1 x 32k +2.4%).
   static constexpr bool kRefillAtRelease = !kWide && !kQuant && kStages == 2;
   static constexpr int kRingBytes = kRings * kStages * kStageBytes;
   // + the in-place merge's "last CTA" flag

@@ -13,7 +13,7 @@ namespace {
 // times: the larger of the total work over the SMs and the longest item. A 192-row tile takes
 // 192 / 128 / kGain of that time. Under sustained load (graph timing, power-capped clocks; H200,
 // session 13) the 192-row kernel did 6-8% more row x key tiles per second than the 128-row one:
-// S = 1k non-causal 128 rows 4% faster (731 against 775 us, 192 rows visit 12.5% more tiles),
+// S = 1k non-causal 128 rows 6% faster (731 against 775 us, 192 rows visit 12.5% more tiles),
 // S = 4k non-causal 192 rows 4% faster, causal 128 rows 3% faster, S = 16k 192 rows 4-7% faster,
 // GQA 32/8 at 8k 6%. Every choice is right for kGain in (1.031, 1.091). (Session 7, each call
 // timed alone at a cool card's clocks, had measured 12-16%.)
