@@ -1,0 +1,40 @@
+// The sm_90 prefill kernel's query-tile height for dense d <= 64 inputs: 128 rows (two consumer
+// warpgroups) or 192 (three, FlashAttention-3's d = 64 tile). Host code, no CUDA: unit-tested on
+// the CPU (tests/unit/sm90_tile_rows_test.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "attention/cuda/tile_range.cuh"
+#include "attention/variant.h"
+
+namespace escala::attn::cuda {
+
+// 192 where its higher throughput pays for its padding rows and its wider diagonal. The cost of a
+// tile height is the makespan of its items on the persistent grid, in 128-row x 128-key tile
+// times: the larger of the total work over the SMs and the longest item. A 192-row tile takes
+// 192 / 128 / kGain of that time. Under sustained load (graph timing, power-capped clocks; H200,
+// session 13) the 192-row kernel did 6-8% more row x key tiles per second than the 128-row one:
+// S = 1k non-causal 128 rows 6% faster (731 against 775 us, 192 rows visit 12.5% more tiles),
+// S = 4k non-causal 192 rows 4% faster, causal 128 rows 3% faster, S = 16k 192 rows 4-7% faster,
+// GQA 32/8 at 8k 6%. Every choice is right for kGain in (1.031, 1.091). (Session 7, each call
+// timed alone at a cool card's clocks, had measured 12-16%.)
+inline int dense_tile_rows_d64(const Mask& mask, int max_q_len, int max_kv_len, int64_t batch, int64_t heads,
+                               int sms) {
+  const int64_t shift = int64_t(max_kv_len) - max_q_len;
+  constexpr double kGain = 1.06;
+  auto makespan = [&](int bm) {
+    int64_t tiles = 0, longest = 0;
+    for (int m0 = 0; m0 < max_q_len; m0 += bm) {
+      const int64_t qp_max = std::min(m0 + bm, max_q_len) - 1 + shift;
+      const int64_t n = tile_range(mask, m0 + shift, qp_max, max_kv_len, 128).count();
+      tiles += n, longest = std::max(longest, n);
+    }
+    const double per_tile = bm == 192 ? 192.0 / 128.0 / kGain : 1.0;
+    return std::max(double(tiles) * double(batch) * double(heads) / std::max(sms, 1), double(longest)) * per_tile;
+  };
+  return makespan(192) < makespan(128) ? 192 : 128;
+}
+
+}  // namespace escala::attn::cuda

@@ -1,0 +1,40 @@
+// The sm_90 prefill kernel's tile height at d = 64 (attention/cuda/sm90/tile_rows.h): the choices
+// measured on an H200 (132 SMs) under sustained load, session 13 (docs/cuda_notes.md, step 60).
+#include "attention/cuda/sm90/tile_rows.h"
+
+#include <gtest/gtest.h>
+
+namespace escala::attn::cuda {
+namespace {
+
+constexpr int kH200Sms = 132;
+
+int rows_for(int S, int batch, int heads, bool causal) {
+  Mask m;
+  m.causal = causal;
+  return dense_tile_rows_d64(m, S, S, batch, heads, kH200Sms);
+}
+
+TEST(Sm90TileRows, MeasuredFasterHeight) {
+  // The faster height in each measured pair (µs, 128 rows / 192 rows).
+  EXPECT_EQ(rows_for(1024, 32, 32, false), 128);   // 731 / 775
+  EXPECT_EQ(rows_for(1024, 32, 32, true), 128);    // 461 / 569
+  EXPECT_EQ(rows_for(4096, 8, 32, false), 192);    // 2581 / 2470
+  EXPECT_EQ(rows_for(4096, 8, 32, true), 128);     // 1364 / 1406
+  EXPECT_EQ(rows_for(16384, 2, 32, false), 192);   // 9920 / 9260
+  EXPECT_EQ(rows_for(16384, 2, 32, true), 192);    // 4970 / 4750
+  EXPECT_EQ(rows_for(8192, 4, 32, false), 192);    // GQA 32/8: 4960 / 4660
+  EXPECT_EQ(rows_for(2000, 16, 32, true), 128);    // 771 / 802
+}
+
+TEST(Sm90TileRows, ShortQueriesKeep128Rows) {
+  // A query run of at most 128 rows is one 128-row tile; a 192-row tile would only add padding.
+  for (int q : {1, 16, 128}) {
+    Mask m;
+    m.causal = true;
+    EXPECT_EQ(dense_tile_rows_d64(m, q, 8192, 64, 32, kH200Sms), 128) << q;
+  }
+}
+
+}  // namespace
+}  // namespace escala::attn::cuda
