@@ -1,6 +1,8 @@
 // Benchmark mode of the GPU test binary: `escala_gpu_tests --bench [--reps N] [--arch sm80|sm90] SPEC...` where SPEC is
 // name,B=..,S=..[,Sk=..],h=..,hk=..,d=..[,dv=..][,causal=1][,wl=..][,wr=..][,sinks=..][,dtype=bf16|f16]
-// [,rows=128|192] (the sm_90 kernel's query tile at d <= 64; default: its cost model).
+// [,rows=128|192] (the sm_90 kernel's query tile at d <= 64; default: its cost model) [,splits=N] (split-KV;
+// default: the split rule) [,page=N] (K/V read through a block table of N-token pages, laid out in
+// order: the same bytes as contiguous).
 // [--eager] [--warmup S] [--inner N]. Fresh random inputs per shape (never zeros); timing in bench_timing.h
 // (warm-up, samples of --inner calls, default 10, replayed from a CUDA graph; median of --reps).
 // FLOPs = 2 * (d + dv) * (visible (query, key) pairs) * h * B: only pairs the mask lets through count.
@@ -25,7 +27,7 @@ namespace {
 
 struct Shape {
   std::string name;
-  int B = 1, S = 1024, Sk = 0, h = 16, hk = 16, d = 128, dv = 0, wl = -1, wr = -1, sinks = 0, rows = 0;
+  int B = 1, S = 1024, Sk = 0, h = 16, hk = 16, d = 128, dv = 0, wl = -1, wr = -1, sinks = 0, rows = 0, splits = 0, page = 0;
   bool causal = false;
   DType dt = DType::kBF16;
 };
@@ -50,11 +52,14 @@ bool parse_shape(const std::string& spec, Shape& s) {
     else if (k == "wr") s.wr = x;
     else if (k == "sinks") s.sinks = x;
     else if (k == "rows") s.rows = x;
+    else if (k == "splits") s.splits = x;
+    else if (k == "page") s.page = x;
     else return false;
     return true;
   });
   if (s.Sk == 0) s.Sk = s.S;
   if (s.dv == 0) s.dv = s.d;
+  if (s.page < 0 || (s.page > 0 && s.Sk % s.page != 0)) return false;  // whole pages only
   return ok;
 }
 
@@ -120,6 +125,18 @@ int run_bench(int argc, char** argv) {
     p.causal = s.causal, p.window_left = s.wl, p.window_right = s.wr, p.num_sinks = s.sinks;
     attn::CudaOptions opt;
     opt.host_cu_seqlens_q = cu_q.data(), opt.host_cu_seqlens_k = cu_k.data();
+    opt.num_splits = s.splits;
+    // Paged: the contiguous buffers seen as a pool of `page`-token pages, sequence b's in order.
+    const int64_t pages_per_seq = s.page > 0 ? s.Sk / s.page : 0;
+    std::vector<int32_t> indptr(s.B + 1), indices(size_t(s.B) * pages_per_seq);
+    for (int b = 0; b <= s.B; ++b) indptr[b] = int32_t(b * pages_per_seq);
+    for (size_t i = 0; i < indices.size(); ++i) indices[i] = int32_t(i);
+    DeviceBuffer dpi(indptr.size() * 4), dpx(std::max<size_t>(4, indices.size() * 4));
+    if (s.page > 0) {
+      dpi.upload(indptr), dpx.upload(indices);
+      p.page_size = s.page, p.page_indptr = dpi.get<int32_t>(), p.page_indices = dpx.get<int32_t>();
+      p.k_page_stride = s.page * p.k_row_stride, p.v_page_stride = s.page * p.v_row_stride;
+    }
 
     const attn::Mask mask{s.causal, s.wl, s.wr, s.sinks};
     const double flops = 2.0 * (s.d + s.dv) * visible_pairs(mask, s.S, s.Sk) * s.h * s.B;

@@ -226,6 +226,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int c = 0; c < Cfg::kChunksQK; ++c)
           tma_load_3d(sQ + c * BM * 128, &tm_q, c * 64, it.h, it.q0 + it.m0, q_full);
         ++q_iter;
+        // Paged: this item's page list and last page, once per item (the barrier waits' memory
+        // clobbers keep the compiler from hoisting these loads out of the tile loop).
+        const int32_t* pages = kSplitPaged && p.page_size > 0 ? p.page_indices + p.page_indptr[it.b] : nullptr;
+        const int last_page = kSplitPaged && p.page_size > 0 ? page_pos(it.kv_len - 1, p.page_div).page : 0;
         for (int i = 0; i < it.n_tiles; ++i, ++kv_iter) {
           const int s = kv_iter % S;
           const uint32_t phase = (kv_iter / S) & 1;
@@ -253,47 +257,53 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // last page re-read it: masked keys, and V rows the consumers zero). (Copying the next
             // tile's page numbers to shared memory ahead with cp.async measured slower: cascade
             // 0.335 -> 0.375 ms.)
-            constexpr int kMaxBoxes = BN / 16;
-            const int boxes = BN / p.kv_box_rows;
-            const int last_page = page_pos(it.kv_len - 1, p.page_div).page;
-            const int32_t* pages = p.page_indices + p.page_indptr[it.b];
-            int rows[kMaxBoxes];
-#pragma unroll
-            for (int j = 0; j < kMaxBoxes; ++j) {
-              if (j < boxes) {
-                const int kr = k_lo + j * p.kv_box_rows;
-                const PagePos pos = page_pos(kr, p.page_div);
-                rows[j] = pages[min(pos.page, last_page)] * p.page_size + pos.row;
-              }
-            }
+            const int box = p.kv_box_rows, boxes = BN / box;
+            auto box_row = [&](int j) {
+              const PagePos pos = page_pos(k_lo + j * box, p.page_div);
+              return pages[min(pos.page, last_page)] * p.page_size + pos.row;
+            };
             // Pages consecutive in the pool (a prefix allocated at once, say): the tile's rows are
             // one run, read as one BN-row box per chunk (the same shared-memory image; the boxes
-            // per tile, not the bytes, were what the consumers waited on).
-            bool run = boxes > 1;
+            // per tile, not the bytes, were what the consumers waited on). The check's loads are
+            // independent (no short circuit), so their latencies overlap.
+            const int row0 = box_row(0);
+            bool run = true;
 #pragma unroll
-            for (int j = 1; j < kMaxBoxes; ++j)
-              if (j < boxes) run = run && rows[j] == rows[0] + j * p.kv_box_rows;
-            const int n_boxes = run ? 1 : boxes;
-            const CUtensorMap* map_k = run ? &tm_k_run : &tm_k;
-            const CUtensorMap* map_v = run ? &tm_v_run : &tm_v;
+            for (int j = 1; j < BN / 16; ++j)
+              if (j < boxes) run &= box_row(j) == row0 + j * box;
+            // One TMA call site per chunk and path: each site costs the single producer thread a
+            // uniform-register loop, and 8 unrolled box sites per chunk made it slower than the
+            // consumers (paged 1.4x slower than contiguous at the same bytes, session 14).
             mbar_wait(empty_k(s), phase ^ 1);
             mbar_arrive_expect_tx(full_k(s), Cfg::kKTileBytes);
+            if (run) {
 #pragma unroll
-            for (int j = 0; j < kMaxBoxes; ++j)
-              if (j < n_boxes)
+              for (int c = 0; c < Cfg::kChunksQK; ++c)
+                tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128, &tm_k_run, c * 64, hk, row0, full_k(s));
+            } else {
+#pragma unroll 1
+              for (int j = 0; j < boxes; ++j) {
+                const int row = box_row(j);
 #pragma unroll
                 for (int c = 0; c < Cfg::kChunksQK; ++c)
-                  tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128 + j * p.kv_box_rows * 128, map_k, c * 64, hk,
-                              rows[j], full_k(s));
+                  tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128 + j * box * 128, &tm_k, c * 64, hk, row, full_k(s));
+              }
+            }
             mbar_wait(empty_v(s), phase ^ 1);
             mbar_arrive_expect_tx(full_v(s), Cfg::kVTileBytes);
+            if (run) {
 #pragma unroll
-            for (int j = 0; j < kMaxBoxes; ++j)
-              if (j < n_boxes)
+              for (int c = 0; c < Cfg::kChunksV; ++c)
+                tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128, &tm_v_run, c * 64, hk, row0, full_v(s));
+            } else {
+#pragma unroll 1
+              for (int j = 0; j < boxes; ++j) {
+                const int row = box_row(j);
 #pragma unroll
                 for (int c = 0; c < Cfg::kChunksV; ++c)
-                  tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128 + j * p.kv_box_rows * 128, map_v, c * 64, hk,
-                              rows[j], full_v(s));
+                  tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128 + j * box * 128, &tm_v, c * 64, hk, row, full_v(s));
+              }
+            }
           }
         }
         w = atomicAdd(p.tile_counter, 1) + gridDim.x;
