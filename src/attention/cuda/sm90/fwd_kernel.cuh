@@ -58,8 +58,8 @@ struct Sm90Config {
   static constexpr bool kStagedO = kConsumers == 2 && kOOffset + kOBytes + 256 + 1024 <= 227 * 1024;
   static constexpr bool kStagedOInV = kConsumers == 2 && !kStagedO && kOBytes <= kStages * kVTileBytes;
   static constexpr int kBarOffset = kOOffset + (kStagedO ? kOBytes : 0);
-  static constexpr int kSlotOffset = kBarOffset + 192;  // the two item slots after the barriers
-  static constexpr int kSmemBytes = kBarOffset + 256 + 1024;  // barriers, slots, alignment slack
+  static constexpr int kSlotOffset = kBarOffset + 192;  // the two item slots (64 bytes each) after the barriers
+  static constexpr int kSmemBytes = kBarOffset + 192 + 128 + 1024;  // barriers, slots, alignment slack
   static_assert(8 * (7 + 4 * Stages_) <= 192, "barrier area");
   static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 16 == 0, "tile shape");
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
@@ -121,7 +121,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kOInVMaxTiles = 32;
   auto o_in_v = [&](int n_tiles) { return kOInV && n_tiles > 0 && n_tiles <= kOInVMaxTiles; };
   const uint32_t o_free = bars + 8u * (6 + 4 * S);
-  volatile int32_t* slots = reinterpret_cast<volatile int32_t*>(smem_raw + (base - raw) + Cfg::kSlotOffset);
+  // Item slot s: 4 x int4 at slots + 4 s (the item index, then the decoded fields the consumers use).
+  int4* slots = reinterpret_cast<int4*>(smem_raw + (base - raw) + Cfg::kSlotOffset);
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -188,6 +189,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The i-th tile an item visits: its share from the last tile down (the last one carries the
   // causal / sequence-end boundary, so the running max starts from real scores).
   auto tile_of = [](const Item& it, int i) { return it.range.at(it.hi - 1 - i); };
+  // The consumers take the producer's decoded item (d128 / d64 S1k: 1-2.5% faster). At d_v = 256 the
+  // fields held from the slot raised the dense kernel's spills (114 -> 306 bytes stored) and cost
+  // 17%; the 192-row kernel's 160-register consumers spilled more too (152 -> 596). Those decode
+  // the index again, which the compiler can rematerialise.
+  constexpr bool kDecodedSlots = DV <= 128 && Cfg::kConsumers == 2;
 
   const int wg = tid / 128;
   if (wg == 0) {
@@ -197,11 +203,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int kv_iter = 0, q_iter = 0, item_iter = 0;
       int o_staged = 0;          // items whose O went over the V stages so far
       bool prev_staged = false;  // the previous item with key tiles was one of them
-      // Hands item w (-1: no more work) to the consumers.
-      auto publish = [&](int w) {
+      // Hands item w (-1: no more work) to the consumers, decoded: the producer decodes each item
+      // anyway, and the consumers' own decode (~200 instructions with its divisions) sat between
+      // one item's epilogue and the next one's first Q Kᵀ.
+      auto publish = [&](int w, const Item& it) {
         const int slot = item_iter & 1;
         mbar_wait(item_empty(slot), ((item_iter >> 1) & 1) ^ 1);
-        slots[slot] = w;
+        int4* d = slots + 4 * slot;
+        d[0] = make_int4(w, it.h, it.b, it.split);
+        if (kDecodedSlots && w >= 0) {
+          d[1] = make_int4(it.q0, it.q_len, it.m0, it.kv_len);
+          d[2] = make_int4(static_cast<int>(it.shift), static_cast<int>(it.qp_min), static_cast<int>(it.qp_max),
+                           it.range.sink_tiles);
+          d[3] = make_int4(it.range.first, it.range.end, it.hi, it.n_tiles);
+        }
         mbar_arrive(item_full(slot));
         ++item_iter;
       };
@@ -210,7 +225,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         Item it;
         while (w < num_items && !decode(w, it)) w = atomicAdd(p.tile_counter, 1) + gridDim.x;
         if (w >= num_items) break;
-        publish(w);
+        publish(w, it);
         // The next item is claimed once this one's loads are issued: late enough that a CTA does
         // not hold a claim through a long item while others run dry (the longest-first order
         // balances only if claims follow completion), early enough that the atomic's latency hides
@@ -308,7 +323,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         w = atomicAdd(p.tile_counter, 1) + gridDim.x;
       }
-      publish(-1);
+      publish(-1, Item{});
     }
     return;
   }
@@ -377,12 +392,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   for (;;) {
     const int slot = item_iter & 1;
     mbar_wait(item_full(slot), (item_iter >> 1) & 1);
-    const int w = slots[slot];
+    const int4* src = slots + 4 * slot;
+    const int4 a = src[0], b = src[1], c = src[2], e = src[3];
     mbar_arrive(item_empty(slot));
     ++item_iter;
-    if (w < 0) break;
+    if (a.x < 0) break;
     Item it;
-    decode(w, it);
+    if constexpr (kDecodedSlots) {
+      it.h = a.y, it.b = a.z, it.split = a.w;
+      it.q0 = b.x, it.q_len = b.y, it.m0 = b.z, it.kv_len = b.w;
+      it.shift = c.x, it.qp_min = c.y, it.qp_max = c.z;
+      it.range.sink_tiles = c.w, it.range.first = e.x, it.range.end = e.y;
+      it.hi = e.z, it.n_tiles = e.w;
+    } else {
+      decode(a.x, it);
+    }
     const int n_tiles = it.n_tiles;
     const int64_t qpos0 = it.m0 + row_in_tile + it.shift;
 #pragma unroll
