@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/cuda/fwd_params.h"
 #include "attention/cuda/online_softmax.cuh"
@@ -55,11 +56,13 @@ struct Sm90Config {
   // different: its consumers have 160 registers).
   static constexpr int kOOffset = kQBytes + kStages * (kKTileBytes + kVTileBytes);
   static constexpr int kOBytes = BM * DV * 2;
-  static constexpr bool kStagedO = kConsumers == 2 && kOOffset + kOBytes + 256 + 1024 <= 227 * 1024;
+  // After the tiles: barriers (192 bytes), the two item slots (64 bytes each), alignment slack.
+  static constexpr int kTailBytes = 192 + 128 + 1024;
+  static constexpr bool kStagedO = kConsumers == 2 && kOOffset + kOBytes + kTailBytes <= 227 * 1024;
   static constexpr bool kStagedOInV = kConsumers == 2 && !kStagedO && kOBytes <= kStages * kVTileBytes;
   static constexpr int kBarOffset = kOOffset + (kStagedO ? kOBytes : 0);
-  static constexpr int kSlotOffset = kBarOffset + 192;  // the two item slots (64 bytes each) after the barriers
-  static constexpr int kSmemBytes = kBarOffset + 192 + 128 + 1024;  // barriers, slots, alignment slack
+  static constexpr int kSlotOffset = kBarOffset + 192;
+  static constexpr int kSmemBytes = kBarOffset + kTailBytes;
   static_assert(8 * (7 + 4 * Stages_) <= 192, "barrier area");
   static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 16 == 0, "tile shape");
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
@@ -210,7 +213,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int slot = item_iter & 1;
         mbar_wait(item_empty(slot), ((item_iter >> 1) & 1) ^ 1);
         int4* d = slots + 4 * slot;
-        d[0] = make_int4(w, it.h, it.b, it.split);
+        d[0] = make_int4(w, it.h, it.b, it.split);  // the consumers read only w unless kDecodedSlots
         if (kDecodedSlots && w >= 0) {
           d[1] = make_int4(it.q0, it.q_len, it.m0, it.kv_len);
           d[2] = make_int4(static_cast<int>(it.shift), static_cast<int>(it.qp_min), static_cast<int>(it.qp_max),
@@ -289,36 +292,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // One TMA call site per chunk and path: each site costs the single producer thread a
             // uniform-register loop, and 8 unrolled box sites per chunk made it slower than the
             // consumers (paged 1.4x slower than contiguous at the same bytes, session 14).
+            // The tile into `dst` (kChunks 128-byte column blocks of BN rows), completing on `bar`.
+            auto load_tile = [&](auto chunks, uint32_t dst, const CUtensorMap* map_run, const CUtensorMap* map_box,
+                                 uint32_t bar) {
+              constexpr int kChunks = decltype(chunks)::value;
+              if (run) {
+#pragma unroll
+                for (int c = 0; c < kChunks; ++c) tma_load_3d(dst + c * BN * 128, map_run, c * 64, hk, row0, bar);
+              } else {
+#pragma unroll 1
+                for (int j = 0; j < boxes; ++j) {
+                  const int row = box_row(j);
+#pragma unroll
+                  for (int c = 0; c < kChunks; ++c)
+                    tma_load_3d(dst + c * BN * 128 + j * box * 128, map_box, c * 64, hk, row, bar);
+                }
+              }
+            };
             mbar_wait(empty_k(s), phase ^ 1);
             mbar_arrive_expect_tx(full_k(s), Cfg::kKTileBytes);
-            if (run) {
-#pragma unroll
-              for (int c = 0; c < Cfg::kChunksQK; ++c)
-                tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128, &tm_k_run, c * 64, hk, row0, full_k(s));
-            } else {
-#pragma unroll 1
-              for (int j = 0; j < boxes; ++j) {
-                const int row = box_row(j);
-#pragma unroll
-                for (int c = 0; c < Cfg::kChunksQK; ++c)
-                  tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128 + j * box * 128, &tm_k, c * 64, hk, row, full_k(s));
-              }
-            }
+            load_tile(std::integral_constant<int, Cfg::kChunksQK>{}, sK + s * Cfg::kKTileBytes, &tm_k_run, &tm_k, full_k(s));
             mbar_wait(empty_v(s), phase ^ 1);
             mbar_arrive_expect_tx(full_v(s), Cfg::kVTileBytes);
-            if (run) {
-#pragma unroll
-              for (int c = 0; c < Cfg::kChunksV; ++c)
-                tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128, &tm_v_run, c * 64, hk, row0, full_v(s));
-            } else {
-#pragma unroll 1
-              for (int j = 0; j < boxes; ++j) {
-                const int row = box_row(j);
-#pragma unroll
-                for (int c = 0; c < Cfg::kChunksV; ++c)
-                  tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128 + j * box * 128, &tm_v, c * 64, hk, row, full_v(s));
-              }
-            }
+            load_tile(std::integral_constant<int, Cfg::kChunksV>{}, sV + s * Cfg::kVTileBytes, &tm_v_run, &tm_v, full_v(s));
           }
         }
         w = atomicAdd(p.tile_counter, 1) + gridDim.x;
@@ -392,21 +388,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   for (;;) {
     const int slot = item_iter & 1;
     mbar_wait(item_full(slot), (item_iter >> 1) & 1);
+    // The slot is read whole before it is released (publish() writes the same layout).
     const int4* src = slots + 4 * slot;
-    const int4 a = src[0], b = src[1], c = src[2], e = src[3];
-    mbar_arrive(item_empty(slot));
-    ++item_iter;
-    if (a.x < 0) break;
+    const int4 a = src[0];
     Item it;
     if constexpr (kDecodedSlots) {
+      const int4 b = src[1], c = src[2], e = src[3];
       it.h = a.y, it.b = a.z, it.split = a.w;
       it.q0 = b.x, it.q_len = b.y, it.m0 = b.z, it.kv_len = b.w;
       it.shift = c.x, it.qp_min = c.y, it.qp_max = c.z;
       it.range.sink_tiles = c.w, it.range.first = e.x, it.range.end = e.y;
       it.hi = e.z, it.n_tiles = e.w;
-    } else {
-      decode(a.x, it);
     }
+    mbar_arrive(item_empty(slot));
+    ++item_iter;
+    if (a.x < 0) break;
+    if constexpr (!kDecodedSlots) decode(a.x, it);
     const int n_tiles = it.n_tiles;
     const int64_t qpos0 = it.m0 + row_in_tile + it.shift;
 #pragma unroll
