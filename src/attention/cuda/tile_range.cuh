@@ -52,6 +52,35 @@ ESCALA_HD bool tile_fully_visible(const Mask& mask, int64_t qp_min, int64_t qp_m
   return window_all || k_hi < mask.num_sinks;
 }
 
+// tile_fully_visible for every bn-key tile of one query tile at once, as tile numbers: tile t needs
+// no per-element mask iff lo <= t < hi or t < sinks. Computed once per query tile, it turns the
+// per-tile test (~25 instructions of 64-bit compares in the sm_90 kernel's loop) into two
+// compares. Requires bn > 0; the tile numbers of a sequence (< 2^31 tokens) fit in 32 bits.
+struct VisibleTiles {
+  int32_t lo = 0, hi = 0, sinks = 0;
+
+  ESCALA_HD bool has(int32_t t) const {
+    return static_cast<uint32_t>(t - lo) < static_cast<uint32_t>(hi - lo) || t < sinks;
+  }
+};
+
+ESCALA_HD int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+ESCALA_HD VisibleTiles visible_tiles(const Mask& mask, int64_t qp_min, int64_t qp_max, int64_t kv_len, int32_t bn) {
+  int64_t hi = kv_len / bn;                                          // k_hi < kv_len
+  if (mask.causal && floor_div(qp_min + 1, bn) < hi) hi = floor_div(qp_min + 1, bn);  // k_hi <= qp_min
+  const int64_t sinks = mask.num_sinks / bn < hi ? mask.num_sinks / bn : hi;          // and k_hi < num_sinks
+  if (mask.window_right >= 0 && floor_div(qp_min + mask.window_right + 1, bn) < hi)
+    hi = floor_div(qp_min + mask.window_right + 1, bn);  // k_hi <= qp_min + wr
+  int64_t lo = mask.window_left >= 0 ? -floor_div(mask.window_left - qp_max, bn) : 0;  // k_lo >= qp_max - wl
+  lo = lo < 0 ? 0 : (lo < INT32_MAX ? lo : INT32_MAX);
+  VisibleTiles v;
+  v.lo = static_cast<int32_t>(lo);
+  v.hi = static_cast<int32_t>(hi > lo ? hi : lo);  // empty when hi <= lo
+  v.sinks = static_cast<int32_t>(sinks > 0 ? sinks : 0);
+  return v;
+}
+
 }  // namespace escala::attn::cuda
 
 namespace escala::attn::cuda {

@@ -197,13 +197,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // 17%; the 192-row kernel's 160-register consumers spilled more too (152 -> 596). Those decode
   // the index again, which the compiler can rematerialise.
   constexpr bool kDecodedSlots = DV <= 128 && Cfg::kConsumers == 2;
+  // Fewer instructions per key tile (session 15, d128 S1k full 2.5% faster): the consumer
+  // warpgroup's index made warp-uniform, the per-item visible-tile range, unsigned ring counters.
+  // At d_v = 256, where the dense kernel's registers are at the edge, each of them raised its
+  // per-item spills (134 -> 170-210 bytes) and cost 3-5% at S = 1k; it keeps the plain forms. (The
+  // paged/split variant's spills there fell: 296 -> 160 bytes, 50 -> 13 spill instructions in its loop.)
+  constexpr bool kLeanTile = DV <= 128 || kSplitPaged;
+  using Counter = std::conditional_t<kLeanTile, uint32_t, int>;  // unsigned: % S, / S are a mask, a shift
 
   const int wg = tid / 128;
   if (wg == 0) {
     // Producer.
     setmaxnreg_dec<kProducerRegs>();
     if (tid == 0) {
-      int kv_iter = 0, q_iter = 0, item_iter = 0;
+      Counter kv_iter = 0, q_iter = 0, item_iter = 0;
       int o_staged = 0;          // items whose O went over the V stages so far
       bool prev_staged = false;  // the previous item with key tiles was one of them
       // Hands item w (-1: no more work) to the consumers, decoded: the producer decodes each item
@@ -328,7 +335,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // issued together, and the softmax of tile i runs while P V of tile i-1 is still on the tensor
   // cores; O is rescaled once that product has landed.
   setmaxnreg_inc<kConsumerRegs>();
-  const int cw = wg - 1;  // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the tile
+  // Consumer warpgroup: rows 64 cw .. 64 cw + 63 of the tile. Broadcast from lane 0 (kLeanTile),
+  // the compiler knows it is warp-uniform: Q's wgmma descriptors, which depend on it, then stay in
+  // uniform registers instead of taking two R2UR moves per wgmma.
+  const int cw = kLeanTile ? __shfl_sync(0xffffffffu, wg - 1, 0) : wg - 1;
   const int warp = (tid % 128) / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
   const int row_in_tile = 64 * cw + 16 * warp + g;  // this thread's rows: +0 and +8
@@ -384,7 +394,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     else named_bar_arrive<3, 256>();
   };
 
-  int kv_iter = 0, q_iter = 0, item_iter = 0;
+  Counter kv_iter = 0, q_iter = 0, item_iter = 0;
   for (;;) {
     const int slot = item_iter & 1;
     mbar_wait(item_full(slot), (item_iter >> 1) & 1);
@@ -410,10 +420,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int j = 0; j < kDT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
+    const VisibleTiles visible =
+        kLeanTile ? visible_tiles(p.mask, it.qp_min, it.qp_max, it.kv_len, BN) : VisibleTiles{};
     auto softmax = [&](int i, float (&alpha)[2]) {
-      const int k_lo = tile_of(it, i) * BN;
-      transform_and_mask(sacc, p, !tile_fully_visible(p.mask, it.qp_min, it.qp_max, k_lo, BN, it.kv_len), qpos0,
-                         k_lo, it.kv_len, t4);
+      const int tile = tile_of(it, i);
+      const bool needs_mask = kLeanTile ? !visible.has(tile)
+                                        : !tile_fully_visible(p.mask, it.qp_min, it.qp_max, tile * BN, BN, it.kv_len);
+      transform_and_mask(sacc, p, needs_mask, qpos0, tile * BN, it.kv_len, t4);
       softmax_update<kNT, kLazyRescale>(sacc, row_max, row_sum, p.scale_log2, alpha);
     };
     // Paged K/V: the V rows of tile i past the sequence's end hold whatever the pool has there
@@ -450,7 +463,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       softmax(0, alpha);
       pack_p<T>(sacc, pf);
       for (int i = 1; i < n_tiles; ++i) {
-        const int cur = kv_iter + i, prev = cur - 1;
+        const Counter cur = kv_iter + i, prev = cur - 1;
         const int s = cur % S, sp = prev % S;
         mbar_wait(full_k(s), (cur / S) & 1);
         mbar_wait(full_v(sp), (prev / S) & 1);
@@ -473,7 +486,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (!kLazyRescale || warp_needs_rescale(alpha)) rescale_rows(o_acc, alpha);
         pack_p<T>(sacc, pf);
       }
-      const int last = kv_iter + n_tiles - 1, sl = last % S;
+      const Counter last = kv_iter + n_tiles - 1;
+      const int sl = last % S;
       mbar_wait(full_v(sl), (last / S) & 1);
       zero_v_tail(n_tiles - 1, sl);
       reg_fence(o_acc);
