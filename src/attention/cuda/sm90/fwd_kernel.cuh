@@ -376,9 +376,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // barrier 1 + c, then arrives on its successor's), so one warpgroup's softmax runs while the
   // others' GEMMs occupy the tensor cores. All walk the same items, so all have the same number of
   // issue points; warpgroup 0 goes first without waiting and absorbs the last warpgroup's final
-  // hand-over after the loop.
+  // hand-over after the loop. Not in the dense 128-row d = 64 kernel: there one warpgroup's
+  // softmax (64 exp2 per thread and tile, on 16 MUFU lanes per SM) takes as long as both
+  // warpgroups' GEMMs, and strict turns only delayed issue (session 15: d64 S4k causal 1.5-2%
+  // faster without them, S = 1k within 1%; without them d = 128 / 256 and the 192-row kernel
+  // were 1-2% slower).
+  constexpr bool kPingPong = kSplitPaged || !(DQK == 64 && Cfg::kConsumers == 2);
   bool first_turn = true;
   auto take_turn = [&] {
+    if constexpr (!kPingPong) return;
     if (cw == 0 && first_turn) {
       first_turn = false;
       return;
@@ -389,6 +395,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     else named_bar_sync<3, 256>();
   };
   auto pass_turn = [&] {
+    if constexpr (!kPingPong) return;
     if (cw == 0) named_bar_arrive<2, 256>();
     else if (Cfg::kConsumers == 2 || cw == 2) named_bar_arrive<1, 256>();
     else named_bar_arrive<3, 256>();
@@ -513,7 +520,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     } else
       store_output<T>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + row_in_tile, it.h, t4);
   }
-  if (cw == 0 && !first_turn) named_bar_sync<1, 256>();  // the last warpgroup's final hand-over
+  if (kPingPong && cw == 0 && !first_turn) named_bar_sync<1, 256>();  // the last warpgroup's final hand-over
 #endif
 }
 
