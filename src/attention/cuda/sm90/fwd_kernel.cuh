@@ -197,8 +197,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // 17%; the 192-row kernel's 160-register consumers spilled more too (152 -> 596). Those decode
   // the index again, which the compiler can rematerialise.
   constexpr bool kDecodedSlots = DV <= 128 && Cfg::kConsumers == 2;
-  // Fewer instructions per key tile (session 15, d128 S1k full 2.5% faster): the consumer
-  // warpgroup's index made warp-uniform, the per-item visible-tile range, unsigned ring counters.
+  // Fewer instructions per key tile (session 15: d128 S1k full 0.6-2.5% faster, the 192-row d = 64
+  // kernel 5%): the consumer warpgroup's index made warp-uniform, the per-item visible-tile range,
+  // unsigned ring counters.
   // At d_v = 256, where the dense kernel's registers are at the edge, each of them raised its
   // per-item spills (134 -> 170-210 bytes) and cost 3-5% at S = 1k; it keeps the plain forms. (The
   // paged/split variant's spills there fell: 296 -> 160 bytes, 50 -> 13 spill instructions in its loop.)
