@@ -56,6 +56,8 @@ def main():
     for label, path in order:
         for name, val in run(path, "decode" if args.decode else "prefill", args.specs, args).items():
             samples.setdefault(name, {}).setdefault(label, []).append(val)
+            # Each sample as it comes, so that a run cut short by a time limit still reports.
+            print(f"SAMPLE {label} {name} {val[0] * 1000:.1f} us", file=sys.stderr, flush=True)
     ref = labels[0]
     for name, per in samples.items():
         med = {lb: statistics.median(ms for ms, _ in per[lb]) for lb in labels if per.get(lb)}
