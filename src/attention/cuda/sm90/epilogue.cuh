@@ -29,6 +29,13 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
   return v;
 }
 
+// 16 bytes to global memory as one store (assigning a uint4 held in an array was split into four
+// 4-byte stores).
+__device__ __forceinline__ void st_global_v4(void* ptr, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // Byte offset of 16-byte unit u (columns 8u .. 8u + 7) of row r (0..15) in a warp's slice: 64-column
 // blocks of 16 rows x 128 bytes, the units of row r XOR-swizzled by r % 8, so that both the
 // stmatrix writes (8 rows of one unit) and the row reads (8 units of one row) are conflict-free.
@@ -70,14 +77,41 @@ __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&
   if constexpr (32 % kDT == 0) {
     // Each lane keeps one unit u and walks rows r0, r0 + c, ...: r0 < c, so row r0 + k c's swizzle
     // is r0's XOR a constant (addresses as in the stmatrix loop).
-    constexpr int c = 32 / kDT;
+    constexpr int c = 32 / kDT, kRows = 16 / c;
     const int r0 = lane / kDT, u = lane % kDT;
     const uint32_t base = stage + staged_offset(r0, u);
     T* out = static_cast<T*>(p.o) + (q0 + row + r0) * p.o_row_stride + h * p.o_head_stride + 8 * u;
+    if constexpr (kDT >= 16) {
+      // d_v >= 128: up to 8 loads first, then their stores. With each load inside its row's bounds
+      // check (the load is asm volatile, so it stays there) every store waited for its own load, one
+      // row after another (ncu, d128 S1k: the copy-out's stores stalled on their loads, 1.7% of
+      // samples). Measured (session 17): d256 S1k 1.5-2.3% faster, d128 unchanged; at d = 64 the
+      // same form cost 14% (the compiler moved the tile loop's wgmma descriptors out of uniform
+      // registers: 32 R2UR in its issue block, 83 -> 136 instructions), so d = 64 keeps the plain
+      // loop. The slice always holds all 16 rows, so loading a row past the sequence's end is
+      // harmless.
+      constexpr int kBatch = kRows < 8 ? kRows : 8;
 #pragma unroll
-    for (int k = 0; k < 16 / c; ++k) {
-      if (u < units && row + r0 + k * c < q_len) {
-        *reinterpret_cast<uint4*>(out + k * c * p.o_row_stride) = ld_shared_v4((base ^ (((k * c) & 7) * 16)) + k * c * 128);
+      for (int k0 = 0; k0 < kRows; k0 += kBatch) {
+        uint4 v[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          const int r = (k0 + k) * c;
+          v[k] = ld_shared_v4((base ^ ((r & 7) * 16)) + r * 128);
+        }
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          const int r = (k0 + k) * c;
+          if (u < units && row + r0 + r < q_len) st_global_v4(out + r * p.o_row_stride, v[k]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        if (u < units && row + r0 + k * c < q_len) {
+          *reinterpret_cast<uint4*>(out + k * c * p.o_row_stride) =
+              ld_shared_v4((base ^ (((k * c) & 7) * 16)) + k * c * 128);
+        }
       }
     }
   } else {
