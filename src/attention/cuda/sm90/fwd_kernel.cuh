@@ -520,6 +520,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (kOInV) mbar_arrive(o_free);
     } else
       store_output<T>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + row_in_tile, it.h, t4);
+    // Reconverge each warp before the next item where that keeps the tile loop in uniform
+    // registers. Without it the lane-dependent stores above left the compiler unsure that the ring
+    // counters and the wgmma descriptors are warp-uniform, and it moved them to per-thread
+    // registers with an R2UR before each use (bench/ptxas_report.py --sass: the tile loop's issue
+    // block of the paged d = 128 kernel 283 instructions with it, 368 with 36 R2UR without; of the
+    // dense d192/128 kernel 104 against 235 with 61 R2UR). Session 17: with it paged d = 64 / 128 /
+    // 256 3.5-3.7% faster, d192/128 3.8-4.8%. The dense d_qk = d_v kernels kept their uniform
+    // registers without it, and there it measured neutral (d = 128, 256) or 2% slower (d = 64).
+    if constexpr (kSplitPaged || DQK != DV) __syncwarp();
   }
   if (kPingPong && cw == 0 && !first_turn) named_bar_sync<1, 256>();  // the last warpgroup's final hand-over
 #endif
