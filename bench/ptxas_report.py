@@ -2,7 +2,8 @@
 """The compiler's report on the CUDA kernels, without a GPU: for every kernel of the chosen source
 files, its registers and spill bytes (ptxas -v), and with --sass how many spill instructions
 (STL / LDL) sit between its first and last wgmma, i.e. in the consumers' loop rather than in the
-per-item code or the producer. docs/cuda_notes.md's "Compiler report" table is made from it.
+per-item code or the producer, and how long the key-tile loop's wait-and-issue block is, with
+how many R2UR in it (non-zero: the compiler moved the wgmma descriptors out of uniform registers). docs/cuda_notes.md's "Compiler report" table is made from it.
 
 Usage (from the repository root, after a CUDA build that wrote compile_commands.json):
   python3 bench/ptxas_report.py [--build build-cuda] [--sass] [--filter REGEX] FILE.cu ...
@@ -71,8 +72,29 @@ def spills_in_wgmma_range(entry, tmp):
         gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
         spill = [i for i, op in enumerate(ops) if op.startswith(("STL", "LDL"))]
         inside = [i for i in spill if gmma and gmma[0] <= i <= gmma[-1]]
-        result[name] = (len(spill), len(inside))
+        result[name] = (len(spill), len(inside)) + issue_block(ops, gmma)
     return result
+
+
+def issue_block(ops, gmma):
+    """The key-tile loop's wait-and-issue block: from the first of the two mbarrier waits (K tile i,
+    V tile i-1) before the largest cluster of wgmma to its last wgmma. Returns its instruction
+    count and its R2UR count: a non-zero R2UR count means the compiler keeps the wgmma descriptors
+    or ring counters in per-thread registers (it lost their uniformity), which cost 2-14% where it
+    happened (docs/cuda_notes.md, step 74)."""
+    if not gmma:
+        return (0, 0)
+    clusters = [[gmma[0]]]
+    for i in gmma[1:]:
+        if i - clusters[-1][-1] < 400:
+            clusters[-1].append(i)
+        else:
+            clusters.append([i])
+    loop = max(clusters, key=len)
+    waits = [i for i in range(loop[0]) if ops[i].startswith("SYNCS.PHASECHK")]
+    start = waits[-2] if len(waits) >= 2 else 0
+    block = ops[start : loop[-1] + 1]
+    return (len(block), sum(op.startswith("R2UR") for op in block))
 
 
 def main():
@@ -85,8 +107,9 @@ def main():
     entries = json.load(open(os.path.join(args.build, "compile_commands.json")))
     if args.sass and shutil.which("cuobjdump") is None:
         sys.exit("--sass needs cuobjdump on the PATH")
-    print("| kernel | registers | spill stores / loads (bytes) |" + (" spill instructions (in wgmma range) |" if args.sass else ""))
-    print("|---|---|---|" + ("---|" if args.sass else ""))
+    print("| kernel | registers | spill stores / loads (bytes) |"
+          + (" spill instructions (in wgmma range) | loop issue block (R2UR) |" if args.sass else ""))
+    print("|---|---|---|" + ("---|---|" if args.sass else ""))
     for f in args.files:
         matches = [e for e in entries if e["file"].endswith(f)]
         if not matches:
@@ -101,8 +124,8 @@ def main():
             stores, loads = row.get("spills", (0, 0))
             line = f"| `{name}` | {row.get('regs', '?')} | {stores} / {loads} |"
             if args.sass:
-                total, inside = sass.get(mangled, (0, 0))
-                line += f" {total} ({inside}) |"
+                total, inside, block, r2ur = sass.get(mangled, (0, 0, 0, 0))
+                line += f" {total} ({inside}) | {block} ({r2ur}) |"
             print(line)
 
 
