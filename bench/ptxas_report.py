@@ -3,7 +3,8 @@
 files, its registers and spill bytes (ptxas -v), and with --sass how many spill instructions
 (STL / LDL) sit between its first and last wgmma, i.e. in the consumers' loop rather than in the
 per-item code or the producer, and how long the key-tile loop's wait-and-issue block is, with
-how many R2UR in it (non-zero: the compiler moved the wgmma descriptors out of uniform registers). docs/cuda_notes.md's "Compiler report" table is made from it.
+how many R2UR in it (non-zero: the compiler moved the wgmma descriptors out of uniform
+registers). docs/cuda_notes.md's "Compiler report" table is made from it.
 
 Usage (from the repository root, after a CUDA build that wrote compile_commands.json):
   python3 bench/ptxas_report.py [--build build-cuda] [--sass] [--filter REGEX] FILE.cu ...
@@ -66,14 +67,21 @@ def spills_in_wgmma_range(entry, tmp):
         sys.exit(r.stderr[-3000:])
     sass = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
     result = {}
-    for block in re.split(r"\n\s*Function : ", sass)[1:]:
-        name = block.split("\n", 1)[0].strip()
-        ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", block)
+    for name, ops in kernel_ops(sass).items():
         gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
         spill = [i for i, op in enumerate(ops) if op.startswith(("STL", "LDL"))]
         inside = [i for i in spill if gmma and gmma[0] <= i <= gmma[-1]]
         result[name] = (len(spill), len(inside)) + issue_block(ops, gmma)
     return result
+
+
+def kernel_ops(sass):
+    """cuobjdump -sass text -> {mangled kernel name: its opcodes in order, predicates dropped}."""
+    kernels = {}
+    for block in re.split(r"\n\s*Function : ", sass)[1:]:
+        name = block.split("\n", 1)[0].strip()
+        kernels[name] = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", block)
+    return kernels
 
 
 def issue_block(ops, gmma):

@@ -53,7 +53,7 @@ def main():
         sys.exit(__doc__)
     library, source_dir = sys.argv[1], sys.argv[2]
     sys.path.insert(0, os.path.join(source_dir, "bench"))
-    from ptxas_report import issue_block  # the same block definition as the report
+    from ptxas_report import issue_block, kernel_ops  # the same parsing and block as the report
 
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
@@ -69,13 +69,10 @@ def main():
         for m in members:
             sass = subprocess.run([cuobjdump, "-sass", "-arch", "sm_90a", os.path.join(tmp, m)],
                                   capture_output=True, text=True).stdout
-            for block in re.split(r"\n\s*Function : ", sass)[1:]:
-                mangled = block.split("\n", 1)[0].strip()
-                if "fwd_sm90_kernel" not in mangled:
-                    continue
-                ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", block)
-                gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
-                kernels[mangled] = issue_block(ops, gmma)
+            for mangled, ops in kernel_ops(sass).items():
+                if "fwd_sm90_kernel" in mangled:
+                    gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
+                    kernels[mangled] = issue_block(ops, gmma)
     if not kernels:
         print("SKIPPED: no sm_90a kernels in the library (CMAKE_CUDA_ARCHITECTURES without 90a)")
         sys.exit(77)
