@@ -71,7 +71,7 @@ def spills_in_wgmma_range(entry, tmp):
         gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
         spill = [i for i, op in enumerate(ops) if op.startswith(("STL", "LDL"))]
         inside = [i for i in spill if gmma and gmma[0] <= i <= gmma[-1]]
-        result[name] = (len(spill), len(inside)) + issue_block(ops, gmma)
+        result[name] = (len(spill), len(inside)) + issue_block(ops)
     return result
 
 
@@ -84,12 +84,13 @@ def kernel_ops(sass):
     return kernels
 
 
-def issue_block(ops, gmma):
+def issue_block(ops):
     """The key-tile loop's wait-and-issue block: from the first of the two mbarrier waits (K tile i,
     V tile i-1) before the largest cluster of wgmma to its last wgmma. Returns its instruction
     count and its R2UR count: a non-zero R2UR count means the compiler keeps the wgmma descriptors
     or ring counters in per-thread registers (it lost their uniformity), which cost 2-14% where it
     happened (docs/cuda_notes.md, step 74)."""
+    gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
     if not gmma:
         return (0, 0)
     clusters = [[gmma[0]]]

@@ -53,7 +53,7 @@ def main():
         sys.exit(__doc__)
     library, source_dir = sys.argv[1], sys.argv[2]
     sys.path.insert(0, os.path.join(source_dir, "bench"))
-    from ptxas_report import issue_block, kernel_ops  # the same parsing and block as the report
+    from ptxas_report import issue_block, kernel_ops, short_name  # the report's parsing and names
 
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
@@ -71,16 +71,14 @@ def main():
                                   capture_output=True, text=True).stdout
             for mangled, ops in kernel_ops(sass).items():
                 if "fwd_sm90_kernel" in mangled:
-                    gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
-                    kernels[mangled] = issue_block(ops, gmma)
+                    kernels[mangled] = issue_block(ops)
     if not kernels:
         print("SKIPPED: no sm_90a kernels in the library (CMAKE_CUDA_ARCHITECTURES without 90a)")
         sys.exit(77)
-    names = subprocess.run(["c++filt"] + list(kernels), capture_output=True, text=True, check=True).stdout.split("\n")
     failed = False
-    for (mangled, (length, r2ur)), name in zip(kernels.items(), names):
-        budget = next((b for pattern, b in BUDGET if re.search(pattern, name)), None)
-        short = re.sub(r"\(.*\)$", "", name.replace("escala::attn::cuda::", ""))
+    for mangled, (length, r2ur) in kernels.items():
+        short = short_name(mangled)
+        budget = next((b for pattern, b in BUDGET if re.search(pattern, short)), None)
         if budget is None:
             print(f"FAIL: {short}: no budget for this kernel (add it to BUDGET)")
             failed = True
