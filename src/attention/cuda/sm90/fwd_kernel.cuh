@@ -1,9 +1,9 @@
 // The Hopper (sm_90a) prefill kernel, FlashAttention-3 design: a persistent grid (one CTA per SM)
 // of a producer and two or three consumer warpgroups that take (sequence, head, query tile) work
-// items from a global counter, longest tiles first. Warpgroup 0 is the producer: one thread fetches
-// the next item, hands it to the consumers through a two-slot ring in shared memory, and issues TMA
-// loads of Q and of the K/V tiles into a kStages-deep shared-memory ring, completed on mbarriers; it
-// gives its registers away with setmaxnreg. The other warpgroups are consumers, 64 query rows each:
+// items from a global counter, longest tiles first. Warpgroup 0 is the producer: a scheduler thread
+// claims the next item, hands it to the loader and the consumers through a two-slot ring in shared
+// memory and loads its Q; a loader thread issues TMA loads of the K/V tiles into a kStages-deep
+// shared-memory ring, completed on mbarriers; the warpgroup gives its registers away with setmaxnreg. The other warpgroups are consumers, 64 query rows each:
 // S = Q Kᵀ with wgmma (both operands in shared memory, 128-byte swizzle), online softmax on the
 // accumulators in registers, O += P V with wgmma (P from registers, V N-major in shared memory),
 // then release the stage; the softmax of tile i overlaps P V of tile i-1, the epilogue of one item
@@ -56,21 +56,22 @@ struct Sm90Config {
   // different: its consumers have 160 registers).
   static constexpr int kOOffset = kQBytes + kStages * (kKTileBytes + kVTileBytes);
   static constexpr int kOBytes = BM * DV * 2;
-  // After the tiles: barriers (192 bytes), the two item slots (64 bytes each), alignment slack.
-  static constexpr int kTailBytes = 192 + 128 + 1024;
+  // After the tiles: barriers (192 bytes), the two item slots (80 bytes each), alignment slack.
+  static constexpr int kSlotInt4s = 5;
+  static constexpr int kTailBytes = 192 + 2 * 16 * kSlotInt4s + 1024;
   static constexpr bool kStagedO = kConsumers == 2 && kOOffset + kOBytes + kTailBytes <= 227 * 1024;
   static constexpr bool kStagedOInV = kConsumers == 2 && !kStagedO && kOBytes <= kStages * kVTileBytes;
   static constexpr int kBarOffset = kOOffset + (kStagedO ? kOBytes : 0);
   static constexpr int kSlotOffset = kBarOffset + 192;
   static constexpr int kSmemBytes = kBarOffset + kTailBytes;
-  static_assert(8 * (7 + 4 * Stages_) <= 192, "barrier area");
+  static_assert(8 * (8 + 4 * Stages_) <= 192, "barrier area");
   static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 16 == 0, "tile shape");
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   // setmaxnreg moves registers within what the launch gave the CTA (65536 / kThreads each, rounded
   // down to 8, from the launch bounds: 168 at 384 threads, 128 at 512): a consumer's setmaxnreg.inc
   // waits for the producer's registers, so a sum above that never completes. 24 leaves the
-  // producer thread some spills (per item, cheap).
+  // producer threads some spills (per item, cheap).
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumers == 2 ? 240 : 160;
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs * kThreads, "register budget");
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t sV = sK + S * Cfg::kKTileBytes;
   const uint32_t sO = base + Cfg::kOOffset;  // staged O (Cfg::kStagedO)
   // Barriers: q_full, q_empty, full_k[S], empty_k[S], full_v[S], empty_v[S], item_full[2],
-  // item_empty[2], o_free; then the two item slots.
+  // item_empty[2], o_free, claim_go; then the two item slots.
   const uint32_t bars = base + Cfg::kBarOffset;
   const uint32_t q_full = bars, q_empty = bars + 8u;
   auto full_k = [&](int s) { return bars + 8u * (2 + s); };
@@ -124,7 +125,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kOInVMaxTiles = 32;
   auto o_in_v = [&](int n_tiles) { return kOInV && n_tiles > 0 && n_tiles <= kOInVMaxTiles; };
   const uint32_t o_free = bars + 8u * (6 + 4 * S);
-  // Item slot s: 4 x int4 at slots + 4 s (the item index, then the decoded fields the consumers use).
+  // The loader lets the scheduler claim the next item (see the producer below).
+  const uint32_t claim_go = bars + 8u * (7 + 4 * S);
+  // Item slot s: kSlotInt4s x int4 at slots + kSlotInt4s s (the item index, then its decoded fields).
+  constexpr int kSlotInt4s = Cfg::kSlotInt4s;
   int4* slots = reinterpret_cast<int4*>(smem_raw + (base - raw) + Cfg::kSlotOffset);
 
   const int tid = threadIdx.x;
@@ -139,9 +143,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     for (int s = 0; s < 2; ++s) {
       mbar_init(item_full(s), 1);
-      mbar_init(item_empty(s), Cfg::kConsumerThreads);
+      mbar_init(item_empty(s), Cfg::kConsumerThreads + 1);  // and the loader
     }
     mbar_init(o_free, Cfg::kConsumerThreads);
+    mbar_init(claim_go, 1);
     mbar_init_fence();
   }
   __syncthreads();
@@ -210,48 +215,81 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (wg == 0) {
     // Producer.
     setmaxnreg_dec<kProducerRegs>();
-    if (tid == 0) {
-      Counter kv_iter = 0, q_iter = 0, item_iter = 0;
-      int o_staged = 0;          // items whose O went over the V stages so far
-      bool prev_staged = false;  // the previous item with key tiles was one of them
-      // Hands item w (-1: no more work) to the consumers, decoded: the producer decodes each item
-      // anyway, and the consumers' own decode (~200 instructions with its divisions) sat between
-      // one item's epilogue and the next one's first Q Kᵀ.
-      auto publish = [&](int w, const Item& it) {
-        const int slot = item_iter & 1;
-        mbar_wait(item_empty(slot), ((item_iter >> 1) & 1) ^ 1);
-        int4* d = slots + 4 * slot;
-        d[0] = make_int4(w, it.h, it.b, it.split);  // the consumers read only w unless kDecodedSlots
-        if (kDecodedSlots && w >= 0) {
-          d[1] = make_int4(it.q0, it.q_len, it.m0, it.kv_len);
-          d[2] = make_int4(static_cast<int>(it.shift), static_cast<int>(it.qp_min), static_cast<int>(it.qp_max),
-                           it.range.sink_tiles);
-          d[3] = make_int4(it.range.first, it.range.end, it.hi, it.n_tiles);
-        }
-        mbar_arrive(item_full(slot));
-        ++item_iter;
-      };
+    // Two threads. The scheduler (warp 1) claims items from the global counter, decodes them,
+    // hands them to the loader and the consumers through a two-slot ring in shared memory and loads
+    // each one's Q; the loader (warp 0) issues the K/V tile loads. Apart, the claim's atomic, the
+    // decode's global loads and Q's wait for its buffer are off the K/V stream: the next item's
+    // first tiles follow this item's last ones at once (one thread doing both issued them only
+    // after that chain). Session 18: d128 S1k causal and paged d128 S4k causal 2% faster, d256
+    // S1k 0.4-0.7%, d64 S1k 0.4% slower, the long shapes within 0.3%.
+    // Hands item w (-1: no more work) on, decoded (the consumers' own decode, ~200 instructions with
+    // its divisions, sat between one item's epilogue and the next one's first Q Kᵀ).
+    auto publish = [&](Counter& item_iter, int w, const Item& it) {
+      const int slot = item_iter & 1;
+      mbar_wait(item_empty(slot), ((item_iter >> 1) & 1) ^ 1);
+      int4* d = slots + kSlotInt4s * slot;
+      d[0] = make_int4(w, it.h, it.b, it.split);
+      if (w >= 0) {
+        d[1] = make_int4(it.q0, it.q_len, it.m0, it.kv_len);
+        d[2] = make_int4(static_cast<int>(it.shift), static_cast<int>(it.qp_min), static_cast<int>(it.qp_max),
+                         it.range.sink_tiles);
+        d[3] = make_int4(it.range.first, it.range.end, it.hi, it.n_tiles);
+        d[4] = make_int4(it.kv0, it.lo, 0, 0);
+      }
+      mbar_arrive(item_full(slot));
+      ++item_iter;
+    };
+    if (tid == 32) {
+      Counter q_iter = 0, item_iter = 0, claims = 0;
       int w = blockIdx.x;
       for (;;) {
         Item it;
         while (w < num_items && !decode(w, it)) w = atomicAdd(p.tile_counter, 1) + gridDim.x;
         if (w >= num_items) break;
-        publish(w, it);
-        // The next item is claimed once this one's loads are issued: late enough that a CTA does
-        // not hold a claim through a long item while others run dry (the longest-first order
-        // balances only if claims follow completion), early enough that the atomic's latency hides
-        // under the last tiles' compute.
+        publish(item_iter, w, it);
+        if (it.n_tiles > 0) {
+          mbar_wait(q_empty, (q_iter & 1) ^ 1);
+          mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
+#pragma unroll
+          for (int c = 0; c < Cfg::kChunksQK; ++c)
+            tma_load_3d(sQ + c * BM * 128, &tm_q, c * 64, it.h, it.q0 + it.m0, q_full);
+          ++q_iter;
+        }
+        // The next item is claimed once the loader is near this one's end: late enough that a CTA
+        // does not hold a claim through a long item while others run dry (the longest-first order
+        // balances only if claims follow completion), early enough that the claim, the decode and
+        // the hand-over are done when the loader wants the next item's first tile.
+        mbar_wait(claim_go, claims & 1);
+        ++claims;
+        w = atomicAdd(p.tile_counter, 1) + gridDim.x;
+      }
+      publish(item_iter, -1, Item{});
+    } else if (tid == 0) {
+      Counter kv_iter = 0, item_iter = 0;
+      int o_staged = 0;          // items whose O went over the V stages so far
+      bool prev_staged = false;  // the previous item with key tiles was one of them
+      for (;;) {
+        const int slot = item_iter & 1;
+        mbar_wait(item_full(slot), (item_iter >> 1) & 1);
+        const int4* src = slots + kSlotInt4s * slot;
+        const int4 a = src[0], b = src[1], c = src[2], e = src[3], f = src[4];
+        mbar_arrive(item_empty(slot));
+        ++item_iter;
+        if (a.x < 0) break;
+        Item it;
+        it.h = a.y, it.b = a.z, it.split = a.w;
+        it.kv_len = b.w;
+        it.range.sink_tiles = c.w, it.range.first = e.x, it.range.end = e.y;
+        it.hi = e.z, it.n_tiles = e.w;
+        it.kv0 = f.x, it.lo = f.y;
+        // Lets the scheduler claim the next item this many tiles before this one's last.
+        constexpr int kClaimLead = 2;
+        const int claim_at = it.n_tiles > kClaimLead ? it.n_tiles - 1 - kClaimLead : 0;
         if (it.n_tiles == 0) {
-          w = atomicAdd(p.tile_counter, 1) + gridDim.x;
+          mbar_arrive(claim_go);
           continue;
         }
         const int hk = it.h / p.group;
-        mbar_wait(q_empty, (q_iter & 1) ^ 1);
-        mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
-#pragma unroll
-        for (int c = 0; c < Cfg::kChunksQK; ++c)
-          tma_load_3d(sQ + c * BM * 128, &tm_q, c * 64, it.h, it.q0 + it.m0, q_full);
-        ++q_iter;
         // Paged: this item's page list and last page, once per item (the barrier waits' memory
         // clobbers keep the compiler from hoisting these loads out of the tile loop).
         const int32_t* pages = kSplitPaged && p.page_size > 0 ? p.page_indices + p.page_indptr[it.b] : nullptr;
@@ -297,7 +335,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
             for (int j = 1; j < BN / 16; ++j)
               if (j < boxes) run &= box_row(j) == row0 + j * box;
-            // One TMA call site per chunk and path: each site costs the single producer thread a
+            // One TMA call site per chunk and path: each site costs the loader thread a
             // uniform-register loop, and 8 unrolled box sites per chunk made it slower than the
             // consumers (paged 1.4x slower than contiguous at the same bytes, session 14).
             // The tile into `dst` (kChunks 128-byte column blocks of BN rows), completing on `bar`.
@@ -324,10 +362,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             mbar_arrive_expect_tx(full_v(s), Cfg::kVTileBytes);
             load_tile(std::integral_constant<int, Cfg::kChunksV>{}, sV + s * Cfg::kVTileBytes, &tm_v_run, &tm_v, full_v(s));
           }
+          if (i == claim_at) mbar_arrive(claim_go);
         }
-        w = atomicAdd(p.tile_counter, 1) + gridDim.x;
       }
-      publish(-1, Item{});
     }
     return;
   }
@@ -407,7 +444,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int slot = item_iter & 1;
     mbar_wait(item_full(slot), (item_iter >> 1) & 1);
     // The slot is read whole before it is released (publish() writes the same layout).
-    const int4* src = slots + 4 * slot;
+    const int4* src = slots + kSlotInt4s * slot;
     const int4 a = src[0];
     Item it;
     if constexpr (kDecodedSlots) {
