@@ -67,39 +67,57 @@ def spills_in_wgmma_range(entry, tmp):
         sys.exit(r.stderr[-3000:])
     sass = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
     result = {}
-    for name, ops in kernel_ops(sass).items():
+    for name, (ops, back) in kernel_ops(sass).items():
         gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
         spill = [i for i, op in enumerate(ops) if op.startswith(("STL", "LDL"))]
         inside = [i for i in spill if gmma and gmma[0] <= i <= gmma[-1]]
-        result[name] = (len(spill), len(inside)) + issue_block(ops)
+        result[name] = (len(spill), len(inside)) + issue_block(ops, back)
     return result
 
 
 def kernel_ops(sass):
-    """cuobjdump -sass text -> {mangled kernel name: its opcodes in order, predicates dropped}."""
+    """cuobjdump -sass text -> {mangled kernel name: (its opcodes in order, predicates dropped, and
+    its predicated backward branches as (target index, branch index) pairs: loop latches; the
+    unconditional ones are an endless loop's or a barrier-retry stub's jump back). Instructions
+    are 16 bytes; a branch's target is the kernel-relative byte offset after BRA."""
     kernels = {}
+    insn = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
     for block in re.split(r"\n\s*Function : ", sass)[1:]:
         name = block.split("\n", 1)[0].strip()
-        kernels[name] = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", block)
+        ops, back = [], []
+        for m in insn.finditer(block):
+            i = int(m.group(1), 16) // 16
+            ops.append(m.group(3))
+            target = re.match(r"\s*0x([0-9a-f]+)", m.group(4)) if m.group(3).startswith("BRA") else None
+            if m.group(2) and target and int(target.group(1), 16) // 16 <= i:
+                back.append((int(target.group(1), 16) // 16, i))
+        kernels[name] = (ops, back)
     return kernels
 
 
-def issue_block(ops):
+def issue_block(ops, back):
     """The key-tile loop's wait-and-issue block: from the first of the two mbarrier waits (K tile i,
-    V tile i-1) before the largest cluster of wgmma to its last wgmma. Returns its instruction
-    count and its R2UR count: a non-zero R2UR count means the compiler keeps the wgmma descriptors
-    or ring counters in per-thread registers (it lost their uniformity), which cost 2-14% where it
-    happened (docs/cuda_notes.md, step 74)."""
+    V tile i-1) before the loop's first wgmma to its last wgmma. The loop is the innermost
+    predicated backward branch around wgmma (so an item boundary with more wgmma than the loop, as
+    a cross-item overlap has, is not taken for it), else the largest cluster of wgmma. Returns the
+    block's instruction count and its R2UR count: a non-zero R2UR count means the compiler keeps
+    the wgmma descriptors or ring counters in per-thread registers (it lost their uniformity),
+    which cost 2-14% where it happened (docs/cuda_notes.md, step 74)."""
     gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
     if not gmma:
         return (0, 0)
-    clusters = [[gmma[0]]]
-    for i in gmma[1:]:
-        if i - clusters[-1][-1] < 400:
-            clusters[-1].append(i)
-        else:
-            clusters.append([i])
-    loop = max(clusters, key=len)
+    loops = [(lo, hi) for lo, hi in back if any(lo <= i <= hi for i in gmma)]
+    if loops:
+        lo, hi = min(loops, key=lambda r: r[1] - r[0])
+        loop = [i for i in gmma if lo <= i <= hi]
+    else:
+        clusters = [[gmma[0]]]
+        for i in gmma[1:]:
+            if i - clusters[-1][-1] < 400:
+                clusters[-1].append(i)
+            else:
+                clusters.append([i])
+        loop = max(clusters, key=len)
     waits = [i for i in range(loop[0]) if ops[i].startswith("SYNCS.PHASECHK")]
     start = waits[-2] if len(waits) >= 2 else 0
     block = ops[start : loop[-1] + 1]

@@ -69,9 +69,9 @@ def main():
         for m in members:
             sass = subprocess.run([cuobjdump, "-sass", "-arch", "sm_90a", os.path.join(tmp, m)],
                                   capture_output=True, text=True).stdout
-            for mangled, ops in kernel_ops(sass).items():
+            for mangled, (ops, back) in kernel_ops(sass).items():
                 if "fwd_sm90_kernel" in mangled:
-                    kernels[mangled] = issue_block(ops)
+                    kernels[mangled] = issue_block(ops, back)
     if not kernels:
         print("SKIPPED: no sm_90a kernels in the library (CMAKE_CUDA_ARCHITECTURES without 90a)")
         sys.exit(77)
