@@ -3,7 +3,8 @@
 // items from a global counter, longest tiles first. Warpgroup 0 is the producer: a scheduler thread
 // claims the next item, hands it to the loader and the consumers through a two-slot ring in shared
 // memory and loads its Q; a loader thread issues TMA loads of the K/V tiles into a kStages-deep
-// shared-memory ring, completed on mbarriers; the warpgroup gives its registers away with setmaxnreg. The other warpgroups are consumers, 64 query rows each:
+// shared-memory ring, completed on mbarriers; the warpgroup gives its registers away with
+// setmaxnreg. The other warpgroups are consumers, 64 query rows each:
 // S = Q Kᵀ with wgmma (both operands in shared memory, 128-byte swizzle), online softmax on the
 // accumulators in registers, O += P V with wgmma (P from registers, V N-major in shared memory),
 // then release the stage; the softmax of tile i overlaps P V of tile i-1, the epilogue of one item
