@@ -212,6 +212,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr bool kLeanTile = DV <= 128 || kSplitPaged;
   using Counter = std::conditional_t<kLeanTile, uint32_t, int>;  // unsigned: % S, / S are a mask, a shift
 
+  // Hands item w (-1: no more work) on, decoded (the consumers' own decode, ~200 instructions with
+  // its divisions, sat between one item's epilogue and the next one's first Q Kᵀ).
+  auto publish = [&](Counter& item_iter, int w, const Item& it) {
+    const int slot = item_iter & 1;
+    mbar_wait(item_empty(slot), ((item_iter >> 1) & 1) ^ 1);
+    int4* d = slots + kSlotInt4s * slot;
+    d[0] = make_int4(w, it.h, it.b, it.split);
+    if (w >= 0) {
+      d[1] = make_int4(it.q0, it.q_len, it.m0, it.kv_len);
+      d[2] = make_int4(static_cast<int>(it.shift), static_cast<int>(it.qp_min), static_cast<int>(it.qp_max),
+                       it.range.sink_tiles);
+      d[3] = make_int4(it.range.first, it.range.end, it.hi, it.n_tiles);
+      d[4] = make_int4(it.kv0, it.lo, 0, 0);
+    }
+    mbar_arrive(item_full(slot));
+    ++item_iter;
+  };
+  // Item w and its fields from a slot publish() wrote (w < 0: no more work, no fields); the slot
+  // carries the item whole, and each reader uses what it needs.
+  auto read_slot = [&](const int4* src, Item& it) {
+    const int4 a = src[0], b = src[1], c = src[2], e = src[3], f = src[4];
+    it.h = a.y, it.b = a.z, it.split = a.w;
+    it.q0 = b.x, it.q_len = b.y, it.m0 = b.z, it.kv_len = b.w;
+    it.shift = c.x, it.qp_min = c.y, it.qp_max = c.z;
+    it.range.sink_tiles = c.w, it.range.first = e.x, it.range.end = e.y;
+    it.hi = e.z, it.n_tiles = e.w;
+    it.kv0 = f.x, it.lo = f.y;
+    return a.x;
+  };
+
   const int wg = tid / 128;
   if (wg == 0) {
     // Producer.
@@ -223,23 +253,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // first tiles follow this item's last ones at once (one thread doing both issued them only
     // after that chain). Session 18: d128 S1k causal and paged d128 S4k causal 2% faster, d256
     // S1k 0.4-0.7%, d64 S1k 0.4% slower, the long shapes within 0.3%.
-    // Hands item w (-1: no more work) on, decoded (the consumers' own decode, ~200 instructions with
-    // its divisions, sat between one item's epilogue and the next one's first Q Kᵀ).
-    auto publish = [&](Counter& item_iter, int w, const Item& it) {
-      const int slot = item_iter & 1;
-      mbar_wait(item_empty(slot), ((item_iter >> 1) & 1) ^ 1);
-      int4* d = slots + kSlotInt4s * slot;
-      d[0] = make_int4(w, it.h, it.b, it.split);
-      if (w >= 0) {
-        d[1] = make_int4(it.q0, it.q_len, it.m0, it.kv_len);
-        d[2] = make_int4(static_cast<int>(it.shift), static_cast<int>(it.qp_min), static_cast<int>(it.qp_max),
-                         it.range.sink_tiles);
-        d[3] = make_int4(it.range.first, it.range.end, it.hi, it.n_tiles);
-        d[4] = make_int4(it.kv0, it.lo, 0, 0);
-      }
-      mbar_arrive(item_full(slot));
-      ++item_iter;
-    };
     if (tid == 32) {
       Counter q_iter = 0, item_iter = 0, claims = 0;
       int w = blockIdx.x;
@@ -272,17 +285,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (;;) {
         const int slot = item_iter & 1;
         mbar_wait(item_full(slot), (item_iter >> 1) & 1);
-        const int4* src = slots + kSlotInt4s * slot;
-        const int4 a = src[0], b = src[1], c = src[2], e = src[3], f = src[4];
+        Item it;
+        const int w = read_slot(slots + kSlotInt4s * slot, it);
         mbar_arrive(item_empty(slot));
         ++item_iter;
-        if (a.x < 0) break;
-        Item it;
-        it.h = a.y, it.b = a.z, it.split = a.w;
-        it.kv_len = b.w;
-        it.range.sink_tiles = c.w, it.range.first = e.x, it.range.end = e.y;
-        it.hi = e.z, it.n_tiles = e.w;
-        it.kv0 = f.x, it.lo = f.y;
+        if (w < 0) break;
         // Lets the scheduler claim the next item this many tiles before this one's last.
         constexpr int kClaimLead = 2;
         const int claim_at = it.n_tiles > kClaimLead ? it.n_tiles - 1 - kClaimLead : 0;
@@ -444,22 +451,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   for (;;) {
     const int slot = item_iter & 1;
     mbar_wait(item_full(slot), (item_iter >> 1) & 1);
-    // The slot is read whole before it is released (publish() writes the same layout).
+    // The slot is read whole (read_slot) before it is released.
     const int4* src = slots + kSlotInt4s * slot;
-    const int4 a = src[0];
     Item it;
-    if constexpr (kDecodedSlots) {
-      const int4 b = src[1], c = src[2], e = src[3];
-      it.h = a.y, it.b = a.z, it.split = a.w;
-      it.q0 = b.x, it.q_len = b.y, it.m0 = b.z, it.kv_len = b.w;
-      it.shift = c.x, it.qp_min = c.y, it.qp_max = c.z;
-      it.range.sink_tiles = c.w, it.range.first = e.x, it.range.end = e.y;
-      it.hi = e.z, it.n_tiles = e.w;
-    }
+    const int w = kDecodedSlots ? read_slot(src, it) : src[0].x;
     mbar_arrive(item_empty(slot));
     ++item_iter;
-    if (a.x < 0) break;
-    if constexpr (!kDecodedSlots) decode(a.x, it);
+    if (w < 0) break;
+    if constexpr (!kDecodedSlots) decode(w, it);
     const int n_tiles = it.n_tiles;
     const int64_t qpos0 = it.m0 + row_in_tile + it.shift;
 #pragma unroll
