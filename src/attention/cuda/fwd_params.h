@@ -37,6 +37,8 @@ struct FwdParams {
   // in L2 together, longest query tiles first within a section.
   int32_t* tile_counter = nullptr;
   int32_t sched_section = 1;
+  // sm_90: O can be written by TMA bulk stores (its tensor map could be encoded: 16-byte strides).
+  int32_t o_tma = 0;
 
   // Paged K/V (sm_90 kernel, page_size > 0): sequence b's keys are the pages
   // page_indices[page_indptr[b] ..] of page_size rows each, stacked row after row in K and V (the

@@ -11,6 +11,7 @@
 #include "attention/cuda/fwd_params.h"
 #include "attention/cuda/online_softmax.cuh"
 #include "attention/cuda/sm80/ptx.cuh"
+#include "attention/cuda/sm90/ptx90.cuh"
 
 namespace escala::attn::cuda {
 
@@ -45,18 +46,26 @@ __device__ __forceinline__ uint32_t staged_offset(int r, int u) {
 
 // The epilogue of one warp's 16 rows `row .. row + 15` (relative to the sequence; lane's rows are
 // row + g and row + g + 8): full row sums, the learned sink logit, normalisation, O through the
-// warp's staging slice `stage` (16 x DV output elements), and the LSE.
+// warp's staging slice `stage` (16 x DV output elements), and the LSE. With `tm_o` (O's tensor map,
+// boxes of 64 columns x 16 rows, 128-byte swizzle: the slice's layout) lane 0 writes the slice out
+// with bulk stores when all 16 rows lie in the sequence, instead of 32 lanes copying 16-byte
+// pieces; it waits for their reads before the slice is written again.
 template <class T, int DV>
 __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&o)[DV / 8][4],
                                                     const float (&row_max)[2], const float (&row_sum)[2], int q0,
-                                                    int q_len, int row, int h, int lane, uint32_t stage) {
+                                                    int q_len, int row, int h, int lane, uint32_t stage,
+                                                    const CUtensorMap* tm_o) {
   using M = MmaType<T>;
   constexpr int kDT = DV / 8;
   const int g = lane / 4, t4 = lane % 4;
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) inv[r] = finish_row(p, row_max[r], row_sum[r], q0, q_len, row + g + 8 * r, h, t4);
-  // The slice is free: this warp's reads of its previous item's rows are done.
+  // The slice is free: this warp's reads of its previous item's rows are done (and lane 0's bulk
+  // stores have read them).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the sm90 PTX wrappers' passes
+  if (tm_o != nullptr) sm90::tma_store_wait_read();
+#endif
   __syncwarp();
   // Column tiles j and j + 1 of rows 0-7 and 8-15: lane l addresses row l % 8 (+ 8 for odd l / 8)
   // of unit j + l / 16. The slice is 128-byte aligned and j even, so staged_offset(mr, j + hi) is
@@ -70,6 +79,17 @@ __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&
                 M::pack(o[j][2] * inv[1], o[j][3] * inv[1]), M::pack(o[j + 1][0] * inv[0], o[j + 1][1] * inv[0]),
                 M::pack(o[j + 1][2] * inv[1], o[j + 1][3] * inv[1]));
   }
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // The test broadcast from lane 0: a branch the compiler knows is warp-uniform (a lane-dependent
+  // one moved the tile loop's descriptors out of uniform registers).
+  if (tm_o != nullptr && __shfl_sync(0xffffffffu, row + 16 <= q_len, 0)) {
+    sm90::fence_proxy_async();  // this lane's stmatrix writes, visible to the bulk store
+    __syncwarp();
+    for (int c = 0; c * 64 < p.d_v; ++c) sm90::tma_store_3d(tm_o, stage + c * 2048, c * 64, h, q0 + row);
+    sm90::tma_store_commit();
+    return;
+  }
+#endif
   __syncwarp();
   // Rows out: consecutive lanes take consecutive units of a row. Units past the real head dim
   // (d_v, a multiple of 8) and rows past the sequence are not written.

@@ -7,8 +7,9 @@
 // setmaxnreg. The other warpgroups are consumers, 64 query rows each:
 // S = Q Kᵀ with wgmma (both operands in shared memory, 128-byte swizzle), online softmax on the
 // accumulators in registers, O += P V with wgmma (P from registers, V N-major in shared memory),
-// then release the stage; the softmax of tile i overlaps P V of tile i-1, the epilogue of one item
-// overlaps the loads of the next, and the consumers take turns issuing GEMMs (ping-pong, named
+// then release the stage; O leaves through shared memory (TMA bulk stores where it has a buffer of
+// its own); the softmax of tile i overlaps P V of tile i-1, the epilogue of one item overlaps the
+// loads of the next, and the consumers take turns issuing GEMMs (ping-pong, named
 // barriers).
 #pragma once
 
@@ -53,7 +54,8 @@ struct Sm90Config {
   // The epilogue stages O through shared memory (epilogue.cuh), 16 rows per consumer warp: in a
   // buffer of its own where that fits (d_v <= 128), else over the V stages (FlashAttention-3's
   // layout; the producer then loads an item's first V tile only once the previous item's O has
-  // left them). The 192-row kernel stores from registers (staged, it measured 1% slower, then no
+  // left them). From its own buffer each warp writes its slice out with TMA bulk stores and does
+  // not wait for them until it stages its next item. The 192-row kernel stores from registers (staged, it measured 1% slower, then no
   // different: its consumers have 160 registers).
   static constexpr int kOOffset = kQBytes + kStages * (kKTileBytes + kVTileBytes);
   static constexpr int kOBytes = BM * DV * 2;
@@ -92,7 +94,8 @@ template <class Cfg, bool kSplitPaged>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q,
                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                    const __grid_constant__ CUtensorMap tm_k_run, const __grid_constant__ CUtensorMap tm_v_run) {
+                    const __grid_constant__ CUtensorMap tm_k_run, const __grid_constant__ CUtensorMap tm_v_run,
+                    const __grid_constant__ CUtensorMap tm_o) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
   using T = typename Cfg::T;
@@ -553,7 +556,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Over the V stages: the other warpgroup's last P V may still be reading them.
       if (kOInV) named_bar_sync<Cfg::kConsumers + 2, Cfg::kConsumerThreads>();
       store_output_staged<T, DV>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + 64 * cw + 16 * warp, it.h, lane,
-                                 (Cfg::kStagedO ? sO : sV) + (4 * cw + warp) * 16 * DV * 2);
+                                 (Cfg::kStagedO ? sO : sV) + (4 * cw + warp) * 16 * DV * 2,
+                                 Cfg::kStagedO && p.o_tma ? &tm_o : nullptr);
       if (kOInV) mbar_arrive(o_free);
     } else
       store_output<T>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + row_in_tile, it.h, t4);
@@ -565,9 +569,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // dense d192/128 kernel 104 against 235 with 61 R2UR). Session 17: with it paged d = 64 / 128 /
     // 256 3.5-3.7% faster, d192/128 3.8-4.8%. The dense d_qk = d_v kernels kept their uniform
     // registers without it, and there it measured neutral (d = 128, 256) or 2% slower (d = 64).
-    if constexpr (kSplitPaged || DQK != DV) __syncwarp();
+    // The kernels with staged O need it since the epilogue's bulk stores (session 19: without it
+    // their dense d = 64 / 128 loops took 32 / 45 R2UR).
+    if constexpr (kSplitPaged || DQK != DV || Cfg::kStagedO) __syncwarp();
   }
   if (kPingPong && cw == 0 && !first_turn) named_bar_sync<1, 256>();  // the last warpgroup's final hand-over
+  if (Cfg::kStagedO && p.o_tma) tma_store_wait_read();  // the last bulk stores' reads
 #endif
 }
 

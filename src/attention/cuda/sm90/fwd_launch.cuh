@@ -22,7 +22,7 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
   cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
   if (err != cudaSuccess) return err;
   if (attr.binaryVersion < 90) return cudaErrorNotSupported;
-  CUtensorMap tq, tk, tv, tk_run, tv_run;
+  CUtensorMap tq, tk, tv, tk_run, tv_run, to;
   // The maps span the real head dims: TMA fills the columns past them with zeros.
   // Paged K/V: the maps span the pool as rows (pages stacked row after row), boxes of kv_box_rows.
   const bool paged = p.page_size > 0;
@@ -42,6 +42,12 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
   if (err == cudaSuccess && paged && kv_box != Cfg::BN)
     err = make_tensor_map(&tv_run, p.v, bf16, p.d_v, e.num_kv_heads, kv_rows, p.v_head_stride, p.v_row_stride, Cfg::BN);
   if (err != cudaSuccess) return err;
+  // O's map for the epilogue's bulk stores (16-row boxes: one warp's slice); strides that TMA
+  // cannot take (not multiples of 16 bytes) keep the copy.
+  p.o_tma = Cfg::kStagedO &&
+            make_tensor_map(&to, p.o, bf16, p.d_v, p.num_heads, e.total_q, p.o_head_stride, p.o_row_stride, 16) ==
+                cudaSuccess;
+  if (!p.o_tma) to = tq;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   p.num_m_blocks = (e.max_q_len + Cfg::BM - 1) / Cfg::BM;
@@ -59,7 +65,7 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
   if (err != cudaSuccess) return err;
   const int64_t ctas = std::min<int64_t>(items, e.sms);
   const dim3 grid(static_cast<unsigned>(ctas));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv, tk_run, tv_run);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv, tk_run, tv_run, to);
   return cudaGetLastError();
 }
 
