@@ -47,9 +47,10 @@ __device__ __forceinline__ uint32_t staged_offset(int r, int u) {
 // The epilogue of one warp's 16 rows `row .. row + 15` (relative to the sequence; lane's rows are
 // row + g and row + g + 8): full row sums, the learned sink logit, normalisation, O through the
 // warp's staging slice `stage` (16 x DV output elements), and the LSE. With `tm_o` (O's tensor map,
-// boxes of 64 columns x 16 rows, 128-byte swizzle: the slice's layout) lane 0 writes the slice out
-// with bulk stores when all 16 rows lie in the sequence, instead of 32 lanes copying 16-byte
-// pieces; it waits for their reads before the slice is written again.
+// boxes of 64 columns x 16 rows, 128-byte swizzle: the slice's layout) one lane writes the slice
+// out with bulk stores when all 16 rows lie in the sequence, instead of 32 lanes copying 16-byte
+// pieces; it waits for their reads before the slice is written again (and the caller waits before
+// it releases a slice staged over the V stages).
 template <class T, int DV>
 __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&o)[DV / 8][4],
                                                     const float (&row_max)[2], const float (&row_sum)[2], int q0,

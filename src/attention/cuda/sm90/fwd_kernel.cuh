@@ -55,8 +55,9 @@ struct Sm90Config {
   // buffer of its own where that fits (d_v <= 128), else over the V stages (FlashAttention-3's
   // layout; the producer then loads an item's first V tile only once the previous item's O has
   // left them). From its own buffer each warp writes its slice out with TMA bulk stores and does
-  // not wait for them until it stages its next item. The 192-row kernel stores from registers (staged, it measured 1% slower, then no
-  // different: its consumers have 160 registers).
+  // not wait for them until it stages its next item (over the V stages: kOInVBulkStore). The
+  // 192-row kernel stores from registers (staged, it measured 1% slower, then no different: its
+  // consumers have 160 registers).
   static constexpr int kOOffset = kQBytes + kStages * (kKTileBytes + kVTileBytes);
   static constexpr int kOBytes = BM * DV * 2;
   // After the tiles: barriers (192 bytes), the two item slots (80 bytes each), alignment slack.
@@ -64,6 +65,10 @@ struct Sm90Config {
   static constexpr int kTailBytes = 192 + 2 * 16 * kSlotInt4s + 1024;
   static constexpr bool kStagedO = kConsumers == 2 && kOOffset + kOBytes + kTailBytes <= 227 * 1024;
   static constexpr bool kStagedOInV = kConsumers == 2 && !kStagedO && kOBytes <= kStages * kVTileBytes;
+  // O over the V stages also leaves by bulk stores at d_v > 128, each warp waiting for their reads
+  // before the stages are released (session 19: d256 S1k 0.6-0.8% faster, d192 neutral; the
+  // d192/128 kernel 0.6% slower, so it keeps the copy).
+  static constexpr bool kOInVBulkStore = kStagedOInV && DV > 128;
   static constexpr int kBarOffset = kOOffset + (kStagedO ? kOBytes : 0);
   static constexpr int kSlotOffset = kBarOffset + 192;
   static constexpr int kSmemBytes = kBarOffset + kTailBytes;
@@ -557,8 +562,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (kOInV) named_bar_sync<Cfg::kConsumers + 2, Cfg::kConsumerThreads>();
       store_output_staged<T, DV>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + 64 * cw + 16 * warp, it.h, lane,
                                  (Cfg::kStagedO ? sO : sV) + (4 * cw + warp) * 16 * DV * 2,
-                                 Cfg::kStagedO && p.o_tma ? &tm_o : nullptr);
-      if (kOInV) mbar_arrive(o_free);
+                                 (Cfg::kStagedO || Cfg::kOInVBulkStore) && p.o_tma ? &tm_o : nullptr);
+      if (kOInV) {
+        // The bulk stores have read the V stages (returns at once after the copy).
+        if constexpr (Cfg::kOInVBulkStore) tma_store_wait_read();
+        mbar_arrive(o_free);
+      }
     } else
       store_output<T>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + row_in_tile, it.h, t4);
     // Reconverge each warp before the next item where that keeps the tile loop in uniform

@@ -44,7 +44,7 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
   if (err != cudaSuccess) return err;
   // O's map for the epilogue's bulk stores (16-row boxes: one warp's slice); strides that TMA
   // cannot take (not multiples of 16 bytes) keep the copy.
-  p.o_tma = Cfg::kStagedO &&
+  p.o_tma = (Cfg::kStagedO || Cfg::kOInVBulkStore) &&
             make_tensor_map(&to, p.o, bf16, p.d_v, p.num_heads, e.total_q, p.o_head_stride, p.o_row_stride, 16) ==
                 cudaSuccess;
   if (!p.o_tma) to = tq;
