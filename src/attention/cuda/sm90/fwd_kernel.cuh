@@ -25,6 +25,7 @@
 #include "attention/cuda/sm90/epilogue.cuh"
 #include "attention/cuda/sm80/ptx.cuh"
 #include "attention/cuda/sm90/ptx90.cuh"
+#include "attention/cuda/sm90/trace.cuh"
 #include "attention/cuda/sm90/wgmma_ops.cuh"
 #include "attention/cuda/tile_range.cuh"
 
@@ -262,19 +263,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // after that chain). Session 18: d128 S1k causal and paged d128 S4k causal 2% faster, d256
     // S1k 0.4-0.7%, d64 S1k 0.4% slower, the long shapes within 0.3%.
     if (tid == 32) {
+      SM90_TRACE_DECL(tr, 3, true);
       Counter q_iter = 0, item_iter = 0, claims = 0;
       int w = blockIdx.x;
       for (;;) {
         Item it;
         while (w < num_items && !decode(w, it)) w = atomicAdd(p.tile_counter, 1) + gridDim.x;
         if (w >= num_items) break;
+        SM90_TRACE(tr, 30);
         publish(item_iter, w, it);
+        SM90_TRACE(tr, 31);
         if (it.n_tiles > 0) {
           mbar_wait(q_empty, (q_iter & 1) ^ 1);
           mbar_arrive_expect_tx(q_full, Cfg::kQBytes);
 #pragma unroll
           for (int c = 0; c < Cfg::kChunksQK; ++c)
             tma_load_3d(sQ + c * BM * 128, &tm_q, c * 64, it.h, it.q0 + it.m0, q_full);
+          SM90_TRACE(tr, 32);
           ++q_iter;
         }
         // The next item is claimed once the loader is near this one's end: late enough that a CTA
@@ -287,6 +292,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       publish(item_iter, -1, Item{});
     } else if (tid == 0) {
+      SM90_TRACE_DECL(tr, 0, true);
       Counter kv_iter = 0, item_iter = 0;
       int o_staged = 0;          // items whose O went over the V stages so far
       bool prev_staged = false;  // the previous item with key tiles was one of them
@@ -298,6 +304,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         mbar_arrive(item_empty(slot));
         ++item_iter;
         if (w < 0) break;
+        SM90_TRACE(tr, 20);
         // Lets the scheduler claim the next item this many tiles before this one's last.
         constexpr int kClaimLead = 2;
         const int claim_at = it.n_tiles > kClaimLead ? it.n_tiles - 1 - kClaimLead : 0;
@@ -321,6 +328,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
             for (int c = 0; c < Cfg::kChunksQK; ++c)
               tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128, &tm_k, c * 64, hk, row, full_k(s));
+            SM90_TRACE(tr, 21);
             // The previous item with key tiles may still have its O staged over the V stages.
             if (kOInV && i == 0) {
               if (prev_staged) mbar_wait(o_free, (o_staged - 1) & 1);
@@ -332,6 +340,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
             for (int c = 0; c < Cfg::kChunksV; ++c)
               tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128, &tm_v, c * 64, hk, row, full_v(s));
+            SM90_TRACE(tr, 22);
           } else {
             // Paged: one box per kv_box_rows rows, from the page that holds them (boxes past the
             // last page re-read it: masked keys, and V rows the consumers zero). (Copying the next
@@ -456,9 +465,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
 
   Counter kv_iter = 0, q_iter = 0, item_iter = 0;
+  SM90_TRACE_DECL(tr, 1 + cw, tid % 128 == 0);
   for (;;) {
     const int slot = item_iter & 1;
     mbar_wait(item_full(slot), (item_iter >> 1) & 1);
+    SM90_TRACE(tr, 1);
     // The slot is read whole (read_slot) before it is released.
     const int4* src = slots + kSlotInt4s * slot;
     Item it;
@@ -501,37 +512,48 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     if (n_tiles > 0) {
       mbar_wait(q_full, q_iter & 1);
+      SM90_TRACE(tr, 2);
       // Tile 0: Q Kᵀ alone.
       const int s0 = kv_iter % S;
       mbar_wait(full_k(s0), (kv_iter / S) & 1);
+      SM90_TRACE(tr, 3);
       take_turn();
+      SM90_TRACE(tr, 4);
       wgmma_fence();
       issue_qk(s0);
       pass_turn();
+      SM90_TRACE(tr, 5);
       wgmma_wait<0>();
       reg_fence(sacc);
+      SM90_TRACE(tr, 6);
       mbar_arrive(empty_k(s0));
       if (n_tiles == 1) mbar_arrive(q_empty);
       float alpha[2];
       softmax(0, alpha);
       pack_p<T>(sacc, pf);
+      SM90_TRACE(tr, 7);
       for (int i = 1; i < n_tiles; ++i) {
         const Counter cur = kv_iter + i, prev = cur - 1;
         const int s = cur % S, sp = prev % S;
         mbar_wait(full_k(s), (cur / S) & 1);
         mbar_wait(full_v(sp), (prev / S) & 1);
         zero_v_tail(i - 1, sp);
+        SM90_TRACE(tr, 8);
         reg_fence(o_acc);
         take_turn();
+        SM90_TRACE(tr, 4);
         wgmma_fence();
         issue_qk(s);
         issue_pv(sp);
         pass_turn();
+        SM90_TRACE(tr, 5);
         wgmma_wait<1>();  // Q Kᵀ of tile i has landed
         reg_fence(sacc);
+        SM90_TRACE(tr, 6);
         mbar_arrive(empty_k(s));
         if (i == n_tiles - 1) mbar_arrive(q_empty);  // the Q buffer may take the next item's Q
         softmax(i, alpha);
+        SM90_TRACE(tr, 7);
         // ptxas schedules the wait below at the softmax's start (it has no operands), so the
         // softmax does not overlap P V of tile i-1. A never-taken branch on the softmax's row sums
         // (the sums are never negative: their bits never match) keeps it after the softmax. Session
@@ -542,6 +564,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_wait<0>();  // P V of tile i-1 has landed
         reg_fence(o_acc);
         reg_fence_u32(pf);
+        SM90_TRACE(tr, 9);
         mbar_arrive(empty_v(sp));
         if (!kLazyRescale || warp_needs_rescale(alpha)) rescale_rows(o_acc, alpha);
         pack_p<T>(sacc, pf);
@@ -550,14 +573,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int sl = last % S;
       mbar_wait(full_v(sl), (last / S) & 1);
       zero_v_tail(n_tiles - 1, sl);
+      SM90_TRACE(tr, 8);
       reg_fence(o_acc);
       take_turn();
+      SM90_TRACE(tr, 4);
       wgmma_fence();
       issue_pv(sl);
       pass_turn();
+      SM90_TRACE(tr, 5);
       wgmma_wait<0>();
       reg_fence(o_acc);
       reg_fence_u32(pf);
+      SM90_TRACE(tr, 10);
       mbar_arrive(empty_v(sl));
       kv_iter += n_tiles;
       ++q_iter;
@@ -588,6 +615,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // The kernels with staged O need it since the epilogue's bulk stores (session 19: without it
     // their dense d = 64 / 128 loops took 32 / 45 R2UR).
     if constexpr (kSplitPaged || DQK != DV || Cfg::kStagedO) __syncwarp();
+    SM90_TRACE(tr, 11);
   }
   if (kPingPong && cw == 0 && !first_turn) named_bar_sync<1, 256>();  // the last warpgroup's final hand-over
   if (Cfg::kStagedO && p.o_tma) tma_store_wait_read();  // the last bulk stores' reads

@@ -65,7 +65,13 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
   if (err != cudaSuccess) return err;
   const int64_t ctas = std::min<int64_t>(items, e.sms);
   const dim3 grid(static_cast<unsigned>(ctas));
+#ifdef ESCALA_SM90_TRACE
+  sm90_trace::clear();
+#endif
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, tq, tk, tv, tk_run, tv_run, to);
+#ifdef ESCALA_SM90_TRACE
+  sm90_trace::dump();
+#endif
   return cudaGetLastError();
 }
 

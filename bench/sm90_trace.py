@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Reads the sm_90 prefill kernel's timeline (a build with -DESCALA_SM90_TRACE, written to
+ESCALA_SM90_TRACE_OUT; src/attention/cuda/sm90/trace.cuh) and prints where an item's time goes:
+the median SM cycles between consecutive events of each consumer warpgroup, split into the item's
+start (up to the first softmax), its key-tile loop (per iteration) and its end (the last P V and
+the epilogue), and the item's whole length."""
+import argparse
+import statistics
+import struct
+import sys
+from collections import defaultdict
+
+CTAS, STREAMS, EVENTS = 4, 4, 8192
+NAMES = {1: "item read", 2: "Q ready", 3: "K0 ready", 4: "turn taken", 5: "GEMMs issued",
+         6: "Q K landed", 7: "softmax done", 8: "K/V ready", 9: "P V landed", 10: "last P V landed",
+         11: "epilogue done", 20: "loader: item read", 21: "loader: K issued", 22: "loader: V issued",
+         30: "sched: claimed", 31: "sched: published", 32: "sched: Q issued"}
+
+
+def streams(path):
+    raw = open(path, "rb").read()
+    vals = struct.unpack(f"<{len(raw) // 8}Q", raw)
+    for c in range(CTAS):
+        for s in range(STREAMS):
+            ev = vals[(c * STREAMS + s) * EVENTS:(c * STREAMS + s + 1) * EVENTS]
+            yield c, s, [(v >> 56, v & ((1 << 56) - 1)) for v in ev if v]
+
+
+def items(ev):
+    cur = []
+    for code, t in ev:
+        if code == 1 and cur:
+            yield cur
+            cur = []
+        cur.append((code, t))
+    if cur:
+        yield cur
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("trace")
+    ap.add_argument("--skip", type=int, default=2, help="items skipped at each stream's start")
+    a = ap.parse_args()
+    start, loop, end = defaultdict(list), defaultdict(list), defaultdict(list)
+    length, tiles, offsets = [], [], []
+    wg_first_turn = {}
+    for c, s, ev in streams(a.trace):
+        if s not in (1, 2):
+            continue
+        its = list(items(ev))
+        for k, it in enumerate(its[a.skip:-1], start=a.skip):
+            nxt = its[k + 1][0][1]
+            length.append(nxt - it[0][1])
+            codes = [x[0] for x in it]
+            first_loop = codes.index(8) if 8 in codes else len(it)
+            last_8 = len(codes) - 1 - codes[::-1].index(8)
+            tiles.append(codes.count(8))
+            for j in range(1, len(it)):
+                pair = (it[j - 1][0], it[j][0])
+                d = it[j][1] - it[j - 1][1]
+                (start if j <= first_loop else end if j > last_8 else loop)[pair].append(d)
+            end[(it[-1][0], 1)].append(nxt - it[-1][1])
+            wg_first_turn[(c, s, k)] = it[codes.index(4)][1] if 4 in codes else None
+    for (c, s, k), t in wg_first_turn.items():
+        if s == 1 and (c, 2, k) in wg_first_turn and t is not None and wg_first_turn[(c, 2, k)] is not None:
+            offsets.append(wg_first_turn[(c, 2, k)] - t)
+    med = statistics.median
+    print(f"items {len(length)}, key tiles per item {med(tiles) if tiles else 0}, "
+          f"item length median {med(length):.0f} cycles")
+    for title, d in (("start", start), ("loop (per tile)", loop), ("end", end)):
+        print(f"-- {title}")
+        tot = 0
+        for pair, v in d.items():
+            m = med(v)
+            n = len(v) / max(1, len(length))
+            tot += m * n
+            print(f"  {NAMES.get(pair[0], pair[0]):>16} -> {NAMES.get(pair[1], pair[1]):<16} {m:8.0f}  x{n:.1f}")
+        print(f"  {'sum (median x count)':>34} {tot:8.0f}")
+    if offsets:
+        print(f"warpgroup 1's first turn after warpgroup 0's: median {med(offsets):.0f} cycles")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
