@@ -79,6 +79,48 @@ def main():
         print(f"  {'sum (median x count)':>34} {tot:8.0f}")
     if offsets:
         print(f"warpgroup 1's first turn after warpgroup 0's: median {med(offsets):.0f} cycles")
+    loads(a.trace, a.skip)
+
+
+def loads(path, skip):
+    """The loads at an item's start, from the scheduler's and the loader's stamps against consumer
+    warpgroup 0's: when each was issued and how long after that the consumer found it ready (Q at
+    "Q ready", K0 at "K0 ready", V0 and K1 at the loop's first "K/V ready": an upper bound, the
+    time the consumer looked)."""
+    rows = defaultdict(list)
+    per_cta = defaultdict(dict)
+    for c, s, ev in streams(path):
+        per_cta[c][s] = ev
+    for c, st in per_cta.items():
+        loader, cons, sched = st.get(0, []), st.get(1, []), st.get(3, [])
+        litems = []
+        for code, t in loader:
+            if code == 20:
+                litems.append({"K": [], "V": []})
+            elif code in (21, 22) and litems:
+                litems[-1]["K" if code == 21 else "V"].append(t)
+        q_issued = [t for code, t in sched if code == 32]
+        citems = list(items(cons))
+        for k in range(skip, min(len(litems), len(citems), len(q_issued)) - 1):
+            ev, li = citems[k], litems[k]
+            first = {}
+            for code, t in ev:
+                first.setdefault(code, t)
+            if not {2, 3, 8} <= first.keys() or len(li["K"]) < 2 or not li["V"]:
+                continue
+            read = ev[0][1]
+            rows["Q: issued before item read"].append(read - q_issued[k])
+            rows["Q: issue -> ready"].append(first[2] - q_issued[k])
+            rows["K0: issue -> ready"].append(first[3] - li["K"][0])
+            rows["V0: issued before item read"].append(read - li["V"][0])
+            rows["V0: issue -> first loop K/V ready"].append(first[8] - li["V"][0])
+            rows["K1: issued before item read"].append(read - li["K"][1])
+            rows["K1: issue -> first loop K/V ready"].append(first[8] - li["K"][1])
+    if rows:
+        print("-- loads at an item's start (warpgroup 0), cycles: median [p10, p90]")
+        for name, v in rows.items():
+            v = sorted(v)
+            print(f"  {name:<36} {statistics.median(v):8.0f}  [{v[len(v) // 10]:.0f}, {v[9 * len(v) // 10]:.0f}]")
 
 
 if __name__ == "__main__":
