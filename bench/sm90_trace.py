@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Reads the sm_90 prefill kernel's timeline (a build with -DESCALA_SM90_TRACE, written to
+"""Reads the sm_90 prefill kernel's timeline (a build with ESCALA_SM90_TRACE defined, written to
 ESCALA_SM90_TRACE_OUT; src/attention/cuda/sm90/trace.cuh) and prints where an item's time goes:
 the median SM cycles between consecutive events of each consumer warpgroup, split into the item's
 start (up to the first softmax), its key-tile loop (per iteration) and its end (the last P V and
-the epilogue), and the item's whole length."""
+the epilogue), the item's whole length, and how long the loads an item starts with (Q, K0, V0,
+K1) took from their issue."""
 import argparse
 import statistics
 import struct
