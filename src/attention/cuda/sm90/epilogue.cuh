@@ -62,8 +62,8 @@ __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) inv[r] = finish_row(p, row_max[r], row_sum[r], q0, q_len, row + g + 8 * r, h, t4);
-  // The slice is free: this warp's reads of its previous item's rows are done (and lane 0's bulk
-  // stores have read them).
+  // The slice is free: this warp's reads of its previous item's rows are done (and the elected
+  // lane's bulk stores have read them).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the sm90 PTX wrappers' passes
   if (tm_o != nullptr) sm90::tma_store_wait_read();
 #endif

@@ -7,10 +7,10 @@
 // setmaxnreg. The other warpgroups are consumers, 64 query rows each:
 // S = Q Kᵀ with wgmma (both operands in shared memory, 128-byte swizzle), online softmax on the
 // accumulators in registers, O += P V with wgmma (P from registers, V N-major in shared memory),
-// then release the stage; O leaves through shared memory (TMA bulk stores where it has a buffer of
-// its own); the softmax of tile i overlaps P V of tile i-1, the epilogue of one item overlaps the
-// loads of the next, and the consumers take turns issuing GEMMs (ping-pong, named
-// barriers).
+// then release the stage; O leaves through shared memory by TMA bulk stores. The softmax of tile i
+// is placed to overlap P V of tile i-1 (ptxas keeps that order only where the wait is pinned, see
+// the tile loop), the epilogue of one item overlaps the loads of the next, and the consumers take
+// turns issuing GEMMs (ping-pong, named barriers).
 #pragma once
 
 #include <cuda.h>
@@ -395,8 +395,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 
   // Consumers. Software pipeline inside each warpgroup: Q Kᵀ of tile i and P V of tile i-1 are
-  // issued together, and the softmax of tile i runs while P V of tile i-1 is still on the tensor
-  // cores; O is rescaled once that product has landed.
+  // issued together, and the softmax of tile i comes before the wait for P V of tile i-1 (it runs
+  // while that product is on the tensor cores where ptxas keeps the order: the pinned kernels);
+  // O is rescaled once that product has landed.
   setmaxnreg_inc<kConsumerRegs>();
   // Consumer warpgroup: rows 64 cw .. 64 cw + 63 of the tile. Broadcast from lane 0 (kLeanTile),
   // the compiler knows it is warp-uniform: Q's wgmma descriptors, which depend on it, then stay in
