@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
 
   Counter kv_iter = 0, q_iter = 0, item_iter = 0;
-  SM90_TRACE_DECL(tr, 1 + cw, tid % 128 == 0);
+  SM90_TRACE_DECL(tr, 1 + cw, tid % 128 == 0 && cw < 2);  // the first two warpgroups
   for (;;) {
     const int slot = item_iter & 1;
     mbar_wait(item_full(slot), (item_iter >> 1) & 1);

@@ -1,10 +1,10 @@
 // A diagnostic timeline of the sm_90 prefill kernel, compiled only with ESCALA_SM90_TRACE defined
-// (say `#define ESCALA_SM90_TRACE 1` at the top of one fwd_sm90_hd*.cu): the loader, the scheduler
-// and each consumer warpgroup's first thread in the first kCtas CTAs record (event code, SM clock)
-// pairs, and the launcher writes the last launch's events to the file named by
-// ESCALA_SM90_TRACE_OUT, for bench/sm90_trace.py. The launcher synchronises to copy them, so run
-// the benchmark with --eager (not from a CUDA graph). Without the macro every SM90_TRACE is empty
-// and the kernels' SASS is unchanged.
+// (say `#define ESCALA_SM90_TRACE 1` at the top of one fwd_sm90_hd*.cu): the loader, the
+// scheduler and the first two consumer warpgroups' first threads in the first kCtas CTAs record
+// (event code, SM clock) pairs, and the launcher writes the last launch's events to the file named
+// by ESCALA_SM90_TRACE_OUT, for bench/sm90_trace.py. The launcher synchronises to copy them, so
+// run the benchmark with --eager (not from a CUDA graph). Without the macro every SM90_TRACE is
+// empty and the kernels' SASS is unchanged.
 #pragma once
 
 #ifdef ESCALA_SM90_TRACE
@@ -17,7 +17,7 @@
 
 namespace escala::attn::cuda::sm90_trace {
 
-// Streams per CTA: 0 the K/V loader, 1 and 2 the consumer warpgroups' first threads, 3 the
+// Streams per CTA: 0 the K/V loader, 1 and 2 the first two consumer warpgroups' first threads, 3 the
 // scheduler.
 constexpr int kCtas = 4, kStreams = 4, kEvents = 8192;
 static __device__ unsigned long long g_events[kCtas * kStreams * kEvents];
