@@ -46,7 +46,8 @@ def main():
     start, loop, end = defaultdict(list), defaultdict(list), defaultdict(list)
     length, tiles, offsets = [], [], []
     wg_first_turn = {}
-    for c, s, ev in streams(a.trace):
+    recorded = list(streams(a.trace))
+    for c, s, ev in recorded:
         if s not in (1, 2):
             continue
         its = list(items(ev))
@@ -55,7 +56,7 @@ def main():
             length.append(nxt - it[0][1])
             codes = [x[0] for x in it]
             first_loop = codes.index(8) if 8 in codes else len(it)
-            last_8 = len(codes) - 1 - codes[::-1].index(8)
+            last_8 = len(codes) - 1 - codes[::-1].index(8) if 8 in codes else len(it)  # no key tiles
             tiles.append(codes.count(8))
             for j in range(1, len(it)):
                 pair = (it[j - 1][0], it[j][0])
@@ -80,17 +81,17 @@ def main():
         print(f"  {'sum (median x count)':>34} {tot:8.0f}")
     if offsets:
         print(f"warpgroup 1's first turn after warpgroup 0's: median {med(offsets):.0f} cycles")
-    loads(a.trace, a.skip)
+    loads(recorded, a.skip)
 
 
-def loads(path, skip):
+def loads(recorded, skip):
     """The loads at an item's start, from the scheduler's and the loader's stamps against consumer
     warpgroup 0's: when each was issued and how long after that the consumer found it ready (Q at
     "Q ready", K0 at "K0 ready", V0 and K1 at the loop's first "K/V ready": an upper bound, the
     time the consumer looked)."""
     rows = defaultdict(list)
     per_cta = defaultdict(dict)
-    for c, s, ev in streams(path):
+    for c, s, ev in recorded:
         per_cta[c][s] = ev
     for c, st in per_cta.items():
         loader, cons, sched = st.get(0, []), st.get(1, []), st.get(3, [])
