@@ -37,9 +37,12 @@ struct Recorder {
   }
 };
 
+// Before a launch, on whatever stream it goes to: the device is idle around the zeroing.
 inline void clear() {
   void* a = nullptr;
+  cudaDeviceSynchronize();
   if (cudaGetSymbolAddress(&a, g_events) == cudaSuccess) cudaMemset(a, 0, sizeof(g_events));
+  cudaDeviceSynchronize();
 }
 
 inline void dump() {
