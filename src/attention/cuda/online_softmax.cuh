@@ -78,8 +78,9 @@ __device__ __forceinline__ void transform_and_mask(float (&s)[kNT][4], const Fwd
 // probability (FlashAttention-4's conditional rescale): below that the old max stays the reference,
 // the tile's probabilities reach at most 2^8 before the final normalisation (far inside f32, and
 // f16 for P), and alpha is exactly 1, so the caller can skip the O rescale. Once a long row's max
-// settles, almost every tile skips it. (H200, sm_90 kernel, one ABBA run: d = 256 +4 to +13%,
-// d = 64 -5 to -9%, d = 128 mixed; so only the d > 128 kernels use it.)
+// settles, almost every tile skips it. (H200, sm_90 kernel: session 6, d = 256 4-13% faster, d = 64
+// 5-9% slower; session 20, with the P V wait pinned after the softmax, d = 128 1-3% faster and
+// d = 64 still 4% slower at S = 1k: the sm_90 kernels wider than 64 use it.)
 constexpr float kLazyRescaleLog2 = 8.0f;
 
 // Online softmax over one tile: new running max, s <- exp2((s - max) * scale_log2), this thread's

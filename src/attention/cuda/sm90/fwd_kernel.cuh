@@ -107,8 +107,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   using T = typename Cfg::T;
   constexpr int DQK = Cfg::DQK, DV = Cfg::DV, BM = Cfg::BM, BN = Cfg::BN, S = Cfg::kStages;
   constexpr int kNT = BN / 8, kDT = DV / 8;
-  // The conditional O rescale (online_softmax.cuh) pays where O is widest.
-  constexpr bool kLazyRescale = DV > 128;
+  // The conditional O rescale (online_softmax.cuh) wherever the tile is wider than 64: session 20,
+  // with the pin below, d128 S16k / S4k full -2.7 / -1.3%, paged d128 -2.7% against the rescale
+  // on every tile; at d = 64 it was 3.6-4.1% slower (S = 1k, S4k causal).
+  constexpr bool kLazyRescale = DQK > 64;
   constexpr int kProducerRegs = kSplitPaged ? Cfg::kSplitProducerRegs : Cfg::kProducerRegs;
   constexpr int kConsumerRegs = kSplitPaged ? Cfg::kSplitConsumerRegs : Cfg::kConsumerRegs;
   extern __shared__ uint8_t smem_raw[];
@@ -559,8 +561,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // softmax does not overlap P V of tile i-1. A never-taken branch on the softmax's row sums
         // (the sums are never negative: their bits never match) keeps it after the softmax. Session
         // 19, against the hoisted wait: d256 S16k full -4.1%, d192 S4k full -1.8%, d256 S1k full /
-        // causal +1.6 / +0.2%; d = 128 -0.5 to +0.3%, d = 64 +2 to +3%, paged d = 128 +2.3%.
-        if constexpr (DV > 128 && !kSplitPaged)
+        // causal +1.6 / +0.2%; d = 128 -0.5 to +0.3%, d = 64 +2 to +3%, paged d = 128 +2.3%. With
+        // the conditional rescale (session 20) d = 128 gains from it too (the figures above).
+        if constexpr (DV >= 128 && !kSplitPaged)
           if (__any_sync(0xffffffffu, __float_as_uint(row_sum[0] + row_sum[1]) == 0xFFFFFFFFu)) __nanosleep(1);
         wgmma_wait<0>();  // P V of tile i-1 has landed
         reg_fence(o_acc);
