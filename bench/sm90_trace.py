@@ -14,7 +14,8 @@ from collections import defaultdict
 CTAS, STREAMS, EVENTS = 4, 4, 8192
 NAMES = {1: "item read", 2: "Q ready", 3: "K0 ready", 4: "turn taken", 5: "GEMMs issued",
          6: "Q K landed", 7: "softmax done", 8: "K/V ready", 9: "P V landed", 10: "last P V landed",
-         11: "epilogue done", 20: "loader: item read", 21: "loader: K issued", 22: "loader: V issued",
+         11: "epilogue done", 12: "row factors done", 13: "O staged", 14: "stores fenced",
+         20: "loader: item read", 21: "loader: K issued", 22: "loader: V issued",
          30: "sched: claimed", 31: "sched: published", 32: "sched: Q issued"}
 
 

@@ -50,18 +50,23 @@ __device__ __forceinline__ uint32_t staged_offset(int r, int u) {
 // boxes of 64 columns x 16 rows, 128-byte swizzle: the slice's layout) one lane writes the slice
 // out with bulk stores when all 16 rows lie in the sequence, instead of 32 lanes copying 16-byte
 // pieces; it waits for their reads before the slice is written again (and the caller waits before
-// it releases a slice staged over the V stages).
-template <class T, int DV>
+// it releases a slice staged over the V stages). `stamp(code)` marks its steps in a trace build
+// (trace.cuh: 12 row factors done, 13 staged, 14 fenced); the default does nothing.
+struct NoStamp {
+  __device__ void operator()(int) const {}
+};
+template <class T, int DV, class Stamp = NoStamp>
 __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&o)[DV / 8][4],
                                                     const float (&row_max)[2], const float (&row_sum)[2], int q0,
                                                     int q_len, int row, int h, int lane, uint32_t stage,
-                                                    const CUtensorMap* tm_o) {
+                                                    const CUtensorMap* tm_o, Stamp stamp = {}) {
   using M = MmaType<T>;
   constexpr int kDT = DV / 8;
   const int g = lane / 4, t4 = lane % 4;
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) inv[r] = finish_row(p, row_max[r], row_sum[r], q0, q_len, row + g + 8 * r, h, t4);
+  stamp(12);
   // The slice is free: this warp's reads of its previous item's rows are done (and the elected
   // lane's bulk stores have read them).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the sm90 PTX wrappers' passes
@@ -80,12 +85,14 @@ __device__ __forceinline__ void store_output_staged(const FwdParams& p, float (&
                 M::pack(o[j][2] * inv[1], o[j][3] * inv[1]), M::pack(o[j + 1][0] * inv[0], o[j + 1][1] * inv[0]),
                 M::pack(o[j + 1][2] * inv[1], o[j + 1][3] * inv[1]));
   }
+  stamp(13);
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // The test broadcast from lane 0: a branch the compiler knows is warp-uniform (a lane-dependent
   // one moved the tile loop's descriptors out of uniform registers).
   if (tm_o != nullptr && __shfl_sync(0xffffffffu, row + 16 <= q_len, 0)) {
     sm90::fence_proxy_async();  // this lane's stmatrix writes, visible to the bulk store
     __syncwarp();
+    stamp(14);
     for (int c = 0; c * 64 < p.d_v; ++c) sm90::tma_store_3d(tm_o, stage + c * 2048, c * 64, h, q0 + row);
     sm90::tma_store_commit();
     return;

@@ -600,7 +600,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (kOInV) named_bar_sync<Cfg::kConsumers + 2, Cfg::kConsumerThreads>();
       store_output_staged<T, DV>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + 64 * cw + 16 * warp, it.h, lane,
                                  (Cfg::kStagedO ? sO : sV) + (4 * cw + warp) * 16 * DV * 2,
-                                 (Cfg::kStagedO || Cfg::kOInVBulkStore) && p.o_tma ? &tm_o : nullptr);
+                                 (Cfg::kStagedO || Cfg::kOInVBulkStore) && p.o_tma ? &tm_o : nullptr
+#ifdef ESCALA_SM90_TRACE
+                                 , [&](int code) { SM90_TRACE(tr, code); }
+#endif
+      );
       if (kOInV) {
         // The bulk stores have read the V stages (returns at once after the copy).
         if constexpr (Cfg::kOInVBulkStore) tma_store_wait_read();
