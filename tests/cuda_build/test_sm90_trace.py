@@ -14,7 +14,7 @@ TILES, ITEMS, ITEM_LEN = 3, 8, 20000
 # (code, cycles after the previous event) for one consumer item of TILES key tiles.
 START = [(1, 0), (2, 400), (3, 80), (4, 60), (5, 190), (6, 480), (7, 1200)]
 LOOP = [(8, 450), (4, 60), (5, 790), (6, 95), (7, 1460), (9, 93)]
-END = [(8, 390), (4, 46), (5, 204), (10, 520), (11, 1350)]
+END = [(8, 390), (4, 46), (5, 204), (10, 520), (12, 300), (13, 400), (14, 250), (11, 400)]
 
 
 def build(path):
@@ -69,7 +69,9 @@ def main():
                             "GEMMs issued -> Q K landed": (95, 2), "Q K landed -> softmax done": (1460, 2),
                             "softmax done -> P V landed": (93, 2), "P V landed -> K/V ready": (420, 2)},
         "end": {"K/V ready -> turn taken": (46, 1), "turn taken -> GEMMs issued": (204, 1),
-                "GEMMs issued -> last P V landed": (520, 1), "last P V landed -> epilogue done": (1350, 1),
+                "GEMMs issued -> last P V landed": (520, 1), "last P V landed -> row factors done": (300, 1),
+                "row factors done -> O staged": (400, 1), "O staged -> stores fenced": (250, 1),
+                "stores fenced -> epilogue done": (400, 1),
                 "epilogue done -> item read": (ITEM_LEN - body, 1)},
     }
     got, section = {}, None
