@@ -80,9 +80,12 @@ struct Sm90Config {
   // setmaxnreg moves registers within what the launch gave the CTA (65536 / kThreads each, rounded
   // down to 8, from the launch bounds: 168 at 384 threads, 128 at 512): a consumer's setmaxnreg.inc
   // waits for the producer's registers, so a sum above that never completes. 24 leaves the
-  // producer threads some spills (per item, cheap).
+  // producer threads some spills (per item). At d_v = 64 the producer takes 56 (consumers 224): its
+  // spills, 176 bytes, go (session 21: d64 S1k 0.5-1.3%, S4k causal 0.9% faster). At d_v = 128
+  // 56 / 224 and 40 / 232 were 0.4-1.4% slower at S4k-16k, so wider tiles keep 24 / 240.
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static constexpr int kProducerRegs = kConsumers == 2 && DV <= 64 ? 56 : 24;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? (DV <= 64 ? 224 : 240) : 160;
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs * kThreads, "register budget");
   // The paged/split variant's producer holds a tile's page rows and its split bounds: at 24
   // registers the d = 128 kernel spilled 180 bytes (ptxas), at 56 (consumers 224) 12. At d = 256
