@@ -12,7 +12,7 @@ e.g. python3 bench/ptxas_report.py --sass fwd_sm90_hd128.cu fwd_sm90_hd256.cu
 
 Each file is compiled once for sm_90a alone (its compile_commands.json line, other targets
 dropped); --sass compiles it once more to a cubin for cuobjdump (PyPI's nvidia-cuda-cuobjdump
-wheel has it, if the CUDA install does not).
+wheel has it, and it needs nvdisasm: nvidia-cuda-nvdisasm, if the CUDA install has neither).
 """
 import argparse
 import json
@@ -65,7 +65,10 @@ def spills_in_wgmma_range(entry, tmp):
     r = subprocess.run(cmd, shell=True, cwd=entry["directory"], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(r.stderr[-3000:])
-    sass = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
+    r = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True)
+    if r.returncode != 0:  # e.g. no nvdisasm beside it: empty SASS would read as zero counts
+        sys.exit("cuobjdump -sass failed: " + r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "cuobjdump -sass failed")
+    sass = r.stdout
     result = {}
     for name, (ops, back) in kernel_ops(sass).items():
         gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]

@@ -52,13 +52,15 @@ else
 fi
 # Python packages by name: the OpenAI client and pytest for the server's end-to-end tests.
 python3 -m pip install --quiet --disable-pip-version-check openai pytest
-# With nvcc: cuobjdump of the same CUDA major (PyPI's wheel; not every CUDA install has it), for the
-# test that reads the sm_90 kernels' SASS (tests/cuda_build/check_loop_uniform.py).
+# With nvcc: cuobjdump and the nvdisasm it runs, of the same CUDA major (PyPI's wheels; not every
+# CUDA install has them), for the test that reads the sm_90 kernels' SASS
+# (tests/cuda_build/check_loop_uniform.py).
 nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 if [ -x "$nvcc_bin" ]; then
   cuda_major=$("$nvcc_bin" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
   if [ -n "$cuda_major" ]; then
-    python3 -m pip install --quiet --disable-pip-version-check "nvidia-cuda-cuobjdump==${cuda_major}.*" ||
+    python3 -m pip install --quiet --disable-pip-version-check "nvidia-cuda-cuobjdump==${cuda_major}.*" \
+      "nvidia-cuda-nvdisasm==${cuda_major}.*" ||
       echo "setup.sh: no cuobjdump wheel for CUDA ${cuda_major}: the SASS test will be skipped" >&2
   fi
 fi

@@ -9,8 +9,9 @@ kernel's R2UR count in its loop's wait-and-issue block (bench/ptxas_report.py's 
 the budget below. A kernel over its budget fails; one under it says so, so the budget can drop.
 
 Usage: check_loop_uniform.py LIBESCALA_CUDA_A SOURCE_DIR
-Exits 77 (skipped) without cuobjdump (scripts/setup.sh installs PyPI's nvidia-cuda-cuobjdump on
-machines with nvcc) or without sm_90a code in the library.
+Exits 77 (skipped) without cuobjdump or the nvdisasm it runs (scripts/setup.sh installs PyPI's
+nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm on machines with nvcc) or without sm_90a code in the
+library.
 """
 import glob
 import os
@@ -64,11 +65,18 @@ def main():
     if not members:
         sys.exit(f"FAIL: no fwd_sm90_hd*.cu.o in {library}")
     kernels = {}
+    # cuobjdump -sass runs nvdisasm, found on the PATH (the wheels put both in one folder).
+    env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(["ar", "x", os.path.abspath(library)] + members, cwd=tmp, check=True)
         for m in members:
-            sass = subprocess.run([cuobjdump, "-sass", "-arch", "sm_90a", os.path.join(tmp, m)],
-                                  capture_output=True, text=True).stdout
+            r = subprocess.run([cuobjdump, "-sass", "-arch", "sm_90a", os.path.join(tmp, m)],
+                               capture_output=True, text=True, env=env)
+            if r.returncode != 0:
+                last = (r.stderr.strip().splitlines() or ["no message"])[-1]
+                print(f"SKIPPED: cuobjdump -sass failed ({last}; pip install nvidia-cuda-nvdisasm)")
+                sys.exit(77)
+            sass = r.stdout
             for mangled, (ops, back) in kernel_ops(sass).items():
                 if "fwd_sm90_kernel" in mangled:
                     kernels[mangled] = issue_block(ops, back)
