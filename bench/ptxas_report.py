@@ -24,6 +24,17 @@ import sys
 import tempfile
 
 
+def sass_text(cuobjdump, path, *args):
+    """cuobjdump -sass of `path`, or (None, its last error line). cuobjdump runs nvdisasm, looked up
+    on the PATH: the folder of cuobjdump goes first (the wheels put both there). A failed run must
+    not pass as empty SASS, which reads as zero counts."""
+    env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
+    r = subprocess.run([cuobjdump, "-sass", *args, path], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        return None, (r.stderr.strip().splitlines() or ["no message"])[-1]
+    return r.stdout, None
+
+
 def sm90_command(entry, out, extra):
     cmd = entry["command"]
     cmd = cmd[: cmd.index(" -o ")]
@@ -65,10 +76,9 @@ def spills_in_wgmma_range(entry, tmp):
     r = subprocess.run(cmd, shell=True, cwd=entry["directory"], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(r.stderr[-3000:])
-    r = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True)
-    if r.returncode != 0:  # e.g. no nvdisasm beside it: empty SASS would read as zero counts
-        sys.exit("cuobjdump -sass failed: " + r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "cuobjdump -sass failed")
-    sass = r.stdout
+    sass, error = sass_text(shutil.which("cuobjdump"), cubin)
+    if sass is None:
+        sys.exit(f"cuobjdump -sass failed: {error}")
     result = {}
     for name, (ops, back) in kernel_ops(sass).items():
         gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]

