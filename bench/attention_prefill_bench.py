@@ -8,6 +8,11 @@ from a CUDA graph (--eager: launched from the host), median. FLOPs are counted o
 (query, key) pairs the mask lets through: 2 * (d + dv) * pairs * h * B (so a causal square is about half
 of the dense one); the same count divides every implementation's time.
 
+Escala computes O only (`lse=0`), as the peers do here: PyTorch asks cuDNN for the log-sum-exp only
+when an input needs a gradient, and FlexAttention stores it only for a gradient or when asked
+for it (FA2 always writes it).
+--lse times Escala writing its LSE too (one float per row and head, [tokens, heads] layout).
+
 With --rounds N the whole set (Escala, then the peers) is timed N times in turn and each figure is
 the median over the rounds; the geometric mean of each round is printed too, so that a table shows
 how far one call of the benchmark moves on the machine it ran on.
@@ -68,10 +73,10 @@ def flops(shape):
     return 2.0 * (d + dv) * visible_pairs(S, causal, wl, sinks) * h * B
 
 
-def run_escala(binary, shape_list, reps, arch, timing):
+def run_escala(binary, shape_list, reps, arch, timing, lse):
     specs = []
     for name, B, S, h, hk, d, causal, wl, sinks, dv in shape_list:
-        spec = f"{name},B={B},S={S},h={h},hk={hk},d={d},dv={dv},causal={causal},sinks={sinks}"
+        spec = f"{name},B={B},S={S},h={h},hk={hk},d={d},dv={dv},causal={causal},sinks={sinks},lse={int(lse)}"
         if wl >= 0:
             spec += f",wl={wl},wr=0"
         specs.append(spec)
@@ -141,6 +146,7 @@ def main():
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--sm80", action="store_true", help="also time the portable sm_80 kernel")
     ap.add_argument("--extra", action="store_true", help="also head dims 96, 192 and 192/128 (outside the grid)")
+    ap.add_argument("--lse", action="store_true", help="Escala writes its LSE too (the peers do not)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="time Escala and the peers this many times, alternating; each figure is the median over "
                          "the rounds (the machines lent move by several percent from one call to the next)")
@@ -152,8 +158,8 @@ def main():
     modes = set()  # how each peer's samples were launched
     rounds = []  # per round: (Escala, Escala sm80, peers by shape)
     for _ in range(max(1, args.rounds)):
-        esc = run_escala(args.bin, shape_list, args.reps, "auto", binary_flags(args))
-        esc80 = run_escala(args.bin, shape_list, args.reps, "sm80", binary_flags(args)) if args.sm80 else {}
+        esc = run_escala(args.bin, shape_list, args.reps, "auto", binary_flags(args), args.lse)
+        esc80 = run_escala(args.bin, shape_list, args.reps, "sm80", binary_flags(args), args.lse) if args.sm80 else {}
         peers = {s[0]: ({} if args.no_peers else run_peers(s, args.reps, flex_cache, args, modes)) for s in shape_list}
         rounds.append((esc, esc80, peers))
 
@@ -177,7 +183,8 @@ def main():
     except Exception:
         gpu = "?"
     over = f"; median over {len(rounds)} rounds" if len(rounds) > 1 else ""
-    print(f"\n# CUDA prefill, bf16, TFLOP/s over visible pairs (2*(d+dv)*pairs*h*B); {gpu}; median of {args.reps} "
+    print(f"\n# CUDA prefill, bf16, TFLOP/s over visible pairs (2*(d+dv)*pairs*h*B); {gpu}; "
+          f"Escala {'with' if args.lse else 'without'} LSE; median of {args.reps} "
           f"{describe(args)}{over}; peers timed as: {', '.join(sorted(modes)) or '-'}")
     print("| shape | B | Escala | Escala sm80 | cuDNN | FA2 | Flex | best peer | Escala / best |")
     print("|---|---|---|---|---|---|---|---|---|")

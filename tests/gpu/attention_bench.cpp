@@ -2,7 +2,7 @@
 // name,B=..,S=..[,Sk=..],h=..,hk=..,d=..[,dv=..][,causal=1][,wl=..][,wr=..][,sinks=..][,dtype=bf16|f16]
 // [,rows=128|192] (the sm_90 kernel's query tile at d <= 64; default: its cost model) [,splits=N] (split-KV;
 // default: the split rule) [,page=N] (K/V read through a block table of N-token pages, laid out in
-// order: the same bytes as contiguous).
+// order: the same bytes as contiguous) [,lse=0] (O only, no LSE written; default: LSE written).
 // [--eager] [--warmup S] [--inner N]. Fresh random inputs per shape (never zeros); timing in bench_timing.h
 // (warm-up, samples of --inner calls, default 10, replayed from a CUDA graph; median of --reps).
 // FLOPs = 2 * (d + dv) * (visible (query, key) pairs) * h * B: only pairs the mask lets through count.
@@ -29,6 +29,7 @@ struct Shape {
   std::string name;
   int B = 1, S = 1024, Sk = 0, h = 16, hk = 16, d = 128, dv = 0, wl = -1, wr = -1, sinks = 0, rows = 0, splits = 0, page = 0;
   bool causal = false;
+  bool lse = true;  // lse=0: O only, as PyTorch asks cuDNN for when no input needs a gradient
   DType dt = DType::kBF16;
 };
 
@@ -54,6 +55,7 @@ bool parse_shape(const std::string& spec, Shape& s) {
     else if (k == "rows") s.rows = x;
     else if (k == "splits") s.splits = x;
     else if (k == "page") s.page = x;
+    else if (k == "lse") s.lse = x != 0;
     else return false;
     return true;
   });
@@ -114,7 +116,7 @@ int run_bench(int argc, char** argv) {
     dcq.upload(cu_q), dck.upload(cu_k);
 
     attn::AttentionParams p;
-    p.q = dq.get(), p.k = dk.get(), p.v = dv.get(), p.o = d_o.get(), p.lse = dlse.get<float>();
+    p.q = dq.get(), p.k = dk.get(), p.v = dv.get(), p.o = d_o.get(), p.lse = s.lse ? dlse.get<float>() : nullptr;
     p.q_dtype = p.kv_dtype = p.o_dtype = s.dt;
     p.q_row_stride = static_cast<int64_t>(s.h) * s.d, p.o_row_stride = static_cast<int64_t>(s.h) * s.dv;
     p.k_row_stride = static_cast<int64_t>(s.hk) * s.d, p.v_row_stride = static_cast<int64_t>(s.hk) * s.dv;
