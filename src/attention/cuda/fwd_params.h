@@ -62,6 +62,9 @@ struct FwdParams {
   float scale_log2 = 1.0f;  // scale * log2(e)
   float softcap = 0.0f;     // 0 = off
   Mask mask;
+  // sm_90 dense kernel: the sinks (at most its kSinkKeys keys) are read as one narrow tile where
+  // they lie below the window (the kernel's spare tensor maps then have kSinkKeys-row boxes).
+  int32_t narrow_sinks = 0;  // (last: the other fields keep their offsets, and their kernels' code)
 };
 
 }  // namespace escala::attn::cuda

@@ -93,6 +93,13 @@ struct Sm90Config {
   // the consumers need more: 40 / 232 spills least there (200 bytes, against 292 at 24 / 240).
   // (Two consumer warpgroups only: the launcher gives that variant a two-warpgroup config.)
   static constexpr int kSplitProducerRegs = DV > 128 ? 40 : 56, kSplitConsumerRegs = DV > 128 ? 232 : 224;
+  // Sinks below the window cost a whole key tile for a few keys (4 in the benchmark's shape): the
+  // dense d = 128 kernel reads at most kSinkKeys of them as a narrow tile instead (Q Kᵀ as a 16-key
+  // wgmma, P V as one k-step), the item's last. Session 22: sinks + window 4096 at S16k 3.6-4.1%
+  // faster, the dense shapes within -0.8..+0.4%. At d = 64 the sink shape did not gain and the
+  // new code reshaped the tile loop: S1k full / causal 8 / 5% slower, so d = 64 keeps whole tiles.
+  static constexpr bool kNarrowSinks = kConsumers == 2 && DV == 128 && DQK == DV;
+  static constexpr int kSinkKeys = 16;
   static_assert(kConsumers != 2 || 128 * kSplitProducerRegs + 256 * kSplitConsumerRegs <= kLaunchRegs * kThreads,
                 "register budget");
 };
@@ -111,6 +118,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   using T = typename Cfg::T;
   constexpr int DQK = Cfg::DQK, DV = Cfg::DV, BM = Cfg::BM, BN = Cfg::BN, S = Cfg::kStages;
   constexpr int kNT = BN / 8, kDT = DV / 8;
+  constexpr bool kNarrow = Cfg::kNarrowSinks && !kSplitPaged;
+  constexpr int kSinkNT = Cfg::kSinkKeys / 8;
   // The conditional O rescale (online_softmax.cuh) wherever the tile is wider than 64: session 20,
   // with the pin below, d128 S16k / S4k full -2.7 / -1.3%, paged d128 -2.7% against the rescale
   // on every tile; at d = 64 it was 3.6-4.1% slower (S = 1k, S4k causal).
@@ -213,6 +222,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The i-th tile an item visits: its share from the last tile down (the last one carries the
   // causal / sequence-end boundary, so the running max starts from real scores).
   auto tile_of = [](const Item& it, int i) { return it.range.at(it.hi - 1 - i); };
+  // The item's last tile is the narrow sink tile (kNarrow): the sinks' own tile below the window,
+  // after at least one window tile.
+  auto narrow_sinks = [&](const Item& it) {
+    return kNarrow && p.narrow_sinks && it.range.sink_tiles == 1 && it.n_tiles >= 2;
+  };
   // The consumers take the producer's decoded item (d128 / d64 S1k: 1-2.5% faster). At d_v = 256 the
   // fields held from the slot raised the dense kernel's spills (114 -> 306 bytes stored) and cost
   // 17%; the 192-row kernel's 160-register consumers spilled more too (152 -> 596). Those decode
@@ -329,11 +343,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int k_lo = tile_of(it, i) * BN;
           if (!kSplitPaged || p.page_size == 0) {
             const int row = it.kv0 + k_lo;
+            // The narrow sink tile: kSinkKeys-row boxes (tm_k_run / tm_v_run) into the stage's
+            // first rows.
+            const bool narrow = narrow_sinks(it) && i == it.n_tiles - 1;
+            const CUtensorMap* map_k = narrow ? &tm_k_run : &tm_k;
+            const CUtensorMap* map_v = narrow ? &tm_v_run : &tm_v;
+            const int box_rows = narrow ? Cfg::kSinkKeys : BN;
             mbar_wait(empty_k(s), phase ^ 1);
-            mbar_arrive_expect_tx(full_k(s), Cfg::kKTileBytes);
+            mbar_arrive_expect_tx(full_k(s), Cfg::kChunksQK * box_rows * 128);
 #pragma unroll
             for (int c = 0; c < Cfg::kChunksQK; ++c)
-              tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128, &tm_k, c * 64, hk, row, full_k(s));
+              tma_load_3d(sK + s * Cfg::kKTileBytes + c * BN * 128, map_k, c * 64, hk, row, full_k(s));
             SM90_TRACE(tr, 21);
             // The previous item with key tiles may still have its O staged over the V stages.
             if (kOInV && i == 0) {
@@ -342,10 +362,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               o_staged += prev_staged;
             }
             mbar_wait(empty_v(s), phase ^ 1);
-            mbar_arrive_expect_tx(full_v(s), Cfg::kVTileBytes);
+            mbar_arrive_expect_tx(full_v(s), Cfg::kChunksV * box_rows * 128);
 #pragma unroll
             for (int c = 0; c < Cfg::kChunksV; ++c)
-              tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128, &tm_v, c * 64, hk, row, full_v(s));
+              tma_load_3d(sV + s * Cfg::kVTileBytes + c * BN * 128, map_v, c * 64, hk, row, full_v(s));
             SM90_TRACE(tr, 22);
           } else {
             // Paged: one box per kv_box_rows rows, from the page that holds them (boxes past the
@@ -432,6 +452,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                dk + static_cast<uint64_t>(((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4), kk > 0 ? 1 : 0,
                static_cast<const T*>(nullptr));
     }
+    wgmma_commit();
+  };
+  // The narrow sink tile (kNarrow): the stage's first kSinkKeys keys.
+  float sacc_sink[kSinkNT][4];
+  uint32_t pf_sink[kSinkNT / 2][4];
+  auto issue_qk_sink = [&](int s) {
+    const uint64_t dk = dk0 + static_cast<uint64_t>(s * (Cfg::kKTileBytes >> 4));
+#pragma unroll
+    for (int kk = 0; kk < DQK / 16; ++kk)
+      wgmma_ss(sacc_sink, dq0 + static_cast<uint64_t>(((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4),
+               dk + static_cast<uint64_t>(((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4), kk > 0 ? 1 : 0,
+               static_cast<const T*>(nullptr));
+    wgmma_commit();
+  };
+  auto issue_pv_sink = [&](int s) {
+    const uint64_t dv = dv0 + static_cast<uint64_t>(s * (Cfg::kVTileBytes >> 4));
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kSinkKeys / 16; ++kk)
+      wgmma_rs(o_acc, pf_sink[kk], dv + static_cast<uint64_t>((kk * 16 * 128) >> 4), static_cast<const T*>(nullptr));
     wgmma_commit();
   };
   auto issue_pv = [&](int s) {
@@ -539,7 +578,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       softmax(0, alpha);
       pack_p<T>(sacc, pf);
       SM90_TRACE(tr, 7);
-      for (int i = 1; i < n_tiles; ++i) {
+      const bool narrow = narrow_sinks(it);
+      for (int i = 1; i < n_tiles - (narrow ? 1 : 0); ++i) {
         const Counter cur = kv_iter + i, prev = cur - 1;
         const int s = cur % S, sp = prev % S;
         mbar_wait(full_k(s), (cur / S) & 1);
@@ -577,6 +617,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (!kLazyRescale || warp_needs_rescale(alpha)) rescale_rows(o_acc, alpha);
         pack_p<T>(sacc, pf);
       }
+      if (kNarrow && narrow) {
+        // The sink tile, the item's last: the loop body with the narrow Q Kᵀ, its softmax and P.
+        const Counter cur = kv_iter + n_tiles - 1, prev = cur - 1;
+        const int s = cur % S, sp = prev % S;
+        mbar_wait(full_k(s), (cur / S) & 1);
+        mbar_wait(full_v(sp), (prev / S) & 1);
+#pragma unroll
+        for (int j = 0; j < kSinkNT; ++j) sacc_sink[j][0] = sacc_sink[j][1] = sacc_sink[j][2] = sacc_sink[j][3] = 0.0f;
+        reg_fence(sacc_sink);
+        reg_fence(o_acc);
+        take_turn();
+        wgmma_fence();
+        issue_qk_sink(s);
+        issue_pv(sp);
+        pass_turn();
+        wgmma_wait<1>();
+        reg_fence(sacc_sink);
+        mbar_arrive(empty_k(s));
+        mbar_arrive(q_empty);
+        float alpha[2];
+        transform_and_mask(sacc_sink, p, true, qpos0, 0, it.kv_len, t4);
+        softmax_update<kSinkNT, kLazyRescale>(sacc_sink, row_max, row_sum, p.scale_log2, alpha);
+        wgmma_wait<0>();
+        reg_fence(o_acc);
+        reg_fence_u32(pf);
+        mbar_arrive(empty_v(sp));
+        if (!kLazyRescale || warp_needs_rescale(alpha)) rescale_rows(o_acc, alpha);
+        pack_p<T>(sacc_sink, pf_sink);
+      }
       const Counter last = kv_iter + n_tiles - 1;
       const int sl = last % S;
       mbar_wait(full_v(sl), (last / S) & 1);
@@ -585,13 +654,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       reg_fence(o_acc);
       take_turn();
       SM90_TRACE(tr, 4);
-      wgmma_fence();
-      issue_pv(sl);
+      // (The fence inside each branch: after it, a branch before the wgmma made ptxas serialise.)
+      if (kNarrow && narrow) {
+        wgmma_fence();
+        issue_pv_sink(sl);
+      } else {
+        wgmma_fence();
+        issue_pv(sl);
+      }
       pass_turn();
       SM90_TRACE(tr, 5);
       wgmma_wait<0>();
       reg_fence(o_acc);
       reg_fence_u32(pf);
+      if (kNarrow && narrow) reg_fence_u32(pf_sink);
       SM90_TRACE(tr, 10);
       mbar_arrive(empty_v(sl));
       kv_iter += n_tiles;

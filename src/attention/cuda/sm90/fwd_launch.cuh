@@ -41,6 +41,18 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
     err = make_tensor_map(&tk_run, p.k, bf16, p.d_qk, e.num_kv_heads, kv_rows, p.k_head_stride, p.k_row_stride, Cfg::BN);
   if (err == cudaSuccess && paged && kv_box != Cfg::BN)
     err = make_tensor_map(&tv_run, p.v, bf16, p.d_v, e.num_kv_heads, kv_rows, p.v_head_stride, p.v_row_stride, Cfg::BN);
+  // Dense: the spare maps read the narrow sink tile (Cfg::kNarrowSinks).
+  p.narrow_sinks = 0;
+  if constexpr (Cfg::kNarrowSinks && !kSplitPaged) {
+    if (err == cudaSuccess && p.mask.num_sinks > 0 && p.mask.num_sinks <= Cfg::kSinkKeys) {
+      err = make_tensor_map(&tk_run, p.k, bf16, p.d_qk, e.num_kv_heads, kv_rows, p.k_head_stride, p.k_row_stride,
+                            Cfg::kSinkKeys);
+      if (err == cudaSuccess)
+        err = make_tensor_map(&tv_run, p.v, bf16, p.d_v, e.num_kv_heads, kv_rows, p.v_head_stride, p.v_row_stride,
+                              Cfg::kSinkKeys);
+      p.narrow_sinks = 1;
+    }
+  }
   if (err != cudaSuccess) return err;
   // O's map for the epilogue's bulk stores (16-row boxes: one warp's slice); strides that TMA
   // cannot take (not multiples of 16 bytes) keep the copy.
