@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto tile_of = [](const Item& it, int i) { return it.range.at(it.hi - 1 - i); };
   // The item's last tile is the narrow sink tile (kNarrow): the sinks' own tile below the window,
   // after at least one window tile.
-  auto narrow_sinks = [&](const Item& it) {
+  auto narrow_sink_tile = [&](const Item& it) {
     return kNarrow && p.narrow_sinks && it.range.sink_tiles == 1 && it.n_tiles >= 2;
   };
   // The consumers take the producer's decoded item (d128 / d64 S1k: 1-2.5% faster). At d_v = 256 the
@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             const int row = it.kv0 + k_lo;
             // The narrow sink tile: kSinkKeys-row boxes (tm_k_run / tm_v_run) into the stage's
             // first rows.
-            const bool narrow = narrow_sinks(it) && i == it.n_tiles - 1;
+            const bool narrow = narrow_sink_tile(it) && i == it.n_tiles - 1;
             const CUtensorMap* map_k = narrow ? &tm_k_run : &tm_k;
             const CUtensorMap* map_v = narrow ? &tm_v_run : &tm_v;
             const int box_rows = narrow ? Cfg::kSinkKeys : BN;
@@ -578,7 +578,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       softmax(0, alpha);
       pack_p<T>(sacc, pf);
       SM90_TRACE(tr, 7);
-      const bool narrow = narrow_sinks(it);
+      const bool narrow = narrow_sink_tile(it);
       for (int i = 1; i < n_tiles - (narrow ? 1 : 0); ++i) {
         const Counter cur = kv_iter + i, prev = cur - 1;
         const int s = cur % S, sp = prev % S;
