@@ -443,43 +443,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint64_t dq0 = smem_desc_sw128(sQ + cw * 64 * 128, 16, 1024);
   const uint64_t dk0 = smem_desc_sw128(sK, 16, 1024);
   const uint64_t dv0 = smem_desc_sw128(sV, BN * 128, 1024);
-  auto issue_qk = [&](int s) {
+  // Q Kᵀ into `acc` (sacc, or the narrow sink tile's sacc_sink: its width is the wgmma's N), and
+  // O += P V over as many 16-key steps as `a` holds (pf, or pf_sink).
+  auto issue_qk = [&](auto& acc, int s) {
     const uint64_t dk = dk0 + static_cast<uint64_t>(s * (Cfg::kKTileBytes >> 4));
 #pragma unroll
     for (int kk = 0; kk < DQK / 16; ++kk) {
       // k16 step kk: 128-byte column block kk / 4, 32 bytes per step inside the swizzled row.
-      wgmma_ss(sacc, dq0 + static_cast<uint64_t>(((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4),
+      wgmma_ss(acc, dq0 + static_cast<uint64_t>(((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4),
                dk + static_cast<uint64_t>(((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4), kk > 0 ? 1 : 0,
                static_cast<const T*>(nullptr));
     }
     wgmma_commit();
   };
+  auto issue_pv = [&](const auto& a, int s) {
+    constexpr int kSteps = std::extent_v<std::remove_reference_t<decltype(a)>>;
+    const uint64_t dv = dv0 + static_cast<uint64_t>(s * (Cfg::kVTileBytes >> 4));
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk)
+      wgmma_rs(o_acc, a[kk], dv + static_cast<uint64_t>((kk * 16 * 128) >> 4), static_cast<const T*>(nullptr));
+    wgmma_commit();
+  };
   // The narrow sink tile (kNarrow): the stage's first kSinkKeys keys.
   float sacc_sink[kSinkNT][4];
   uint32_t pf_sink[kSinkNT / 2][4];
-  auto issue_qk_sink = [&](int s) {
-    const uint64_t dk = dk0 + static_cast<uint64_t>(s * (Cfg::kKTileBytes >> 4));
-#pragma unroll
-    for (int kk = 0; kk < DQK / 16; ++kk)
-      wgmma_ss(sacc_sink, dq0 + static_cast<uint64_t>(((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4),
-               dk + static_cast<uint64_t>(((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4), kk > 0 ? 1 : 0,
-               static_cast<const T*>(nullptr));
-    wgmma_commit();
-  };
-  auto issue_pv_sink = [&](int s) {
-    const uint64_t dv = dv0 + static_cast<uint64_t>(s * (Cfg::kVTileBytes >> 4));
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kSinkKeys / 16; ++kk)
-      wgmma_rs(o_acc, pf_sink[kk], dv + static_cast<uint64_t>((kk * 16 * 128) >> 4), static_cast<const T*>(nullptr));
-    wgmma_commit();
-  };
-  auto issue_pv = [&](int s) {
-    const uint64_t dv = dv0 + static_cast<uint64_t>(s * (Cfg::kVTileBytes >> 4));
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_rs(o_acc, pf[kk], dv + static_cast<uint64_t>((kk * 16 * 128) >> 4), static_cast<const T*>(nullptr));
-    wgmma_commit();
-  };
 
   // Ping-pong: the consumer warpgroups take turns issuing their GEMMs (warpgroup c waits on named
   // barrier 1 + c, then arrives on its successor's), so one warpgroup's softmax runs while the
@@ -566,7 +553,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       take_turn();
       SM90_TRACE(tr, 4);
       wgmma_fence();
-      issue_qk(s0);
+      issue_qk(sacc, s0);
       pass_turn();
       SM90_TRACE(tr, 5);
       wgmma_wait<0>();
@@ -590,8 +577,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         take_turn();
         SM90_TRACE(tr, 4);
         wgmma_fence();
-        issue_qk(s);
-        issue_pv(sp);
+        issue_qk(sacc, s);
+        issue_pv(pf, sp);
         pass_turn();
         SM90_TRACE(tr, 5);
         wgmma_wait<1>();  // Q Kᵀ of tile i has landed
@@ -629,8 +616,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         reg_fence(o_acc);
         take_turn();
         wgmma_fence();
-        issue_qk_sink(s);
-        issue_pv(sp);
+        issue_qk(sacc_sink, s);
+        issue_pv(pf, sp);
         pass_turn();
         wgmma_wait<1>();
         reg_fence(sacc_sink);
@@ -657,10 +644,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // (The fence inside each branch: after it, a branch before the wgmma made ptxas serialise.)
       if (kNarrow && narrow) {
         wgmma_fence();
-        issue_pv_sink(sl);
+        issue_pv(pf_sink, sl);
       } else {
         wgmma_fence();
-        issue_pv(sl);
+        issue_pv(pf, sl);
       }
       pass_turn();
       SM90_TRACE(tr, 5);
