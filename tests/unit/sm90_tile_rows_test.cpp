@@ -1,5 +1,6 @@
-// The sm_90 prefill kernel's tile height at d = 64 (attention/cuda/sm90/tile_rows.h): the choices
-// measured on an H200 (132 SMs) under sustained load, session 13 (docs/cuda_notes.md, step 60).
+// The sm_90 prefill kernel's tile shapes (attention/cuda/sm90/tile_rows.h): the height at d = 64,
+// measured on an H200 (132 SMs) under sustained load, session 13 (docs/cuda_notes.md, step 60), and
+// the key-tile width at d = 256 (session 23, step 101).
 #include "attention/cuda/sm90/tile_rows.h"
 
 #include <gtest/gtest.h>
@@ -34,6 +35,20 @@ TEST(Sm90TileRows, ShortQueriesKeep128Rows) {
     m.causal = true;
     EXPECT_EQ(dense_tile_rows_d64(m, q, 8192, 64, 32, kH200Sms), 128) << q;
   }
+}
+
+TEST(Sm90KeyTile, D256CausalShortRowsTake64Keys) {
+  Mask m;
+  EXPECT_EQ(dense_key_tile_d256(m, 1024), 80);  // non-causal: 80 at every length
+  m.causal = true;
+  EXPECT_EQ(dense_key_tile_d256(m, 1024), 64);   // measured 2.4-2.7% faster
+  EXPECT_EQ(dense_key_tile_d256(m, 2048), 80);   // 0.8% slower with 64
+  EXPECT_EQ(dense_key_tile_d256(m, 4096), 80);   // 0-1.6% slower with 64
+  EXPECT_EQ(dense_key_tile_d256(m, 16384), 80);  // 3.2% slower with 64
+  m.window_left = 1023;                           // a query tile sees ~1k keys of a long row
+  EXPECT_EQ(dense_key_tile_d256(m, 16384), 64);  // 2.2% faster
+  m.window_left = 4095;
+  EXPECT_EQ(dense_key_tile_d256(m, 16384), 80);
 }
 
 }  // namespace

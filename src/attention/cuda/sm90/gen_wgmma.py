@@ -57,7 +57,7 @@ namespace escala::attn::cuda {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 ''']
     for t in TYPES:
-        for n in (16, 80, 112, 128):  # BN: 80 (d 256), 112 (d 192), 128; 16: the narrow sink tile
+        for n in (16, 64, 80, 112, 128):  # BN: 64 / 80 (d 256), 112 (d 192), 128; 16: the narrow sink tile
             out.append(ss(n, t))
         for n in (64, 128, 192, 256):  # d_v
             out.append(rs(n, t))
