@@ -478,6 +478,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // faster without them, S = 1k within 1%; without them d = 128 / 256 and the 192-row kernel
   // were 1-2% slower).
   constexpr bool kPingPong = kSplitPaged || !(DQK == 64 && Cfg::kConsumers == 2);
+  // Warpgroups with no rows of the item skip it (below): the 192-row kernel only.
+  constexpr bool kIdleWarpgroups = Cfg::kConsumers == 3;
   bool first_turn = true;
   auto take_turn = [&] {
     if constexpr (!kPingPong) return;
@@ -543,7 +545,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       named_bar_sync<Cfg::kConsumers + 1, Cfg::kConsumerThreads>();
     };
 
-    if (n_tiles > 0) {
+    // A warpgroup whose 64 rows all lie past the sequence (in the 192-row kernel, the last tile of
+    // a sequence: 1024 = 5 x 192 + 64) skips the GEMMs and the softmax. It keeps step with the
+    // others: it releases each stage once the stage has been filled (an arrival before that would
+    // count towards the stage's previous use), takes its turns and releases Q.
+    const bool idle = kIdleWarpgroups && it.m0 + 64 * cw >= it.q_len;
+    if (n_tiles > 0 && idle) {
+      for (int i = 0; i <= n_tiles; ++i) {
+        if (i < n_tiles) {
+          const Counter cur = kv_iter + i;
+          mbar_wait(full_k(cur % S), (cur / S) & 1);
+          mbar_arrive(empty_k(cur % S));
+        }
+        if (i > 0) {
+          const Counter prev = kv_iter + i - 1;
+          mbar_wait(full_v(prev % S), (prev / S) & 1);
+          mbar_arrive(empty_v(prev % S));
+        }
+        take_turn();
+        pass_turn();
+      }
+      mbar_arrive(q_empty);
+      kv_iter += n_tiles;
+      ++q_iter;
+    } else if (n_tiles > 0) {
       mbar_wait(q_full, q_iter & 1);
       SM90_TRACE(tr, 2);
       // Tile 0: Q Kᵀ alone.
@@ -662,7 +687,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       kv_iter += n_tiles;
       ++q_iter;
     }
-    if (kSplitPaged && splits > 1)
+    if (idle) {
+      // no rows to store
+    } else if (kSplitPaged && splits > 1)
       store_partial(p, o_acc, row_max, row_sum, it.b, it.q_len, it.m0 + row_in_tile, it.h, it.split, t4);
     else if (Cfg::kStagedO || o_in_v(n_tiles)) {
       // Over the V stages: the other warpgroup's last P V may still be reading them.
