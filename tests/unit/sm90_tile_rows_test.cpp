@@ -1,6 +1,6 @@
 // The sm_90 prefill kernel's tile shapes (attention/cuda/sm90/tile_rows.h): the height at d = 64,
 // measured on an H200 (132 SMs) under sustained load, session 13 (docs/cuda_notes.md, step 60), and
-// the key-tile width at d = 256 (session 23, step 101).
+// the key-tile width at d = 256 (session 23, step 102).
 #include "attention/cuda/sm90/tile_rows.h"
 
 #include <gtest/gtest.h>

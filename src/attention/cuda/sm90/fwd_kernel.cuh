@@ -688,7 +688,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ++q_iter;
     }
     if (idle) {
-      // no rows to store
+      // No rows to store.
     } else if (kSplitPaged && splits > 1)
       store_partial(p, o_acc, row_max, row_sum, it.b, it.q_len, it.m0 + row_in_tile, it.h, it.split, t4);
     else if (Cfg::kStagedO || o_in_v(n_tiles)) {
