@@ -32,7 +32,7 @@ BUDGET = [
     (r"Sm90Config<\w+, 128, 128, 128, 2, 2>, (false|true)>", 0),
     (r"Sm90Config<\w+, 192, 128, 128, 2, 2>, false>", 0),
     (r"Sm90Config<\w+, 192, 192, 112, 2, 2>, false>", 25),
-    (r"Sm90Config<\w+, 256, 256, 80, 2, 2>, false>", 33),
+    (r"Sm90Config<\w+, 256, 256, (64|80), 2, 2>, false>", 33),
     (r"Sm90Config<\w+, 256, 256, 80, 2, 2>, true>", 52),
 ]
 
