@@ -528,5 +528,22 @@ TEST_F(CliTest, KvPlanRejectsAbsurdValues) {
   }
 }
 
+// Sampling flags are checked before the model loads: the error names the flag (not the missing
+// model file given here) and nothing reaches stdout (generate used to echo the prompt first).
+TEST_F(CliTest, BadSamplingFlagsFailBeforeAnyOutput) {
+  for (const std::string& args :
+       {std::string("generate --model /nonexistent/m.gguf --prompt hi --top-p 7"),
+        std::string("generate --model /nonexistent/m.gguf --prompt hi --temp -1"),
+        std::string("generate --model /nonexistent/m.gguf --prompt hi --min-p 2"),
+        std::string("chat --model /nonexistent/m.gguf --top-p 0")}) {
+    SCOPED_TRACE(args);
+    const CliResult r = run(args + " </dev/null");
+    EXPECT_EQ(r.rc, 1);
+    EXPECT_EQ(r.err.rfind("escala: error: sampling: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace escala::test

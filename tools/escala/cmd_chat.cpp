@@ -21,6 +21,8 @@ struct ChatFlags {
 };
 
 Status run_chat(const ChatFlags& f) {
+  // Bad sampling flags fail before the model loads, not at the first turn.
+  ESCALA_RETURN_IF_ERROR(f.sampling.params.validate());
   auto lm = load_model(f.model);
   if (!lm.ok()) return lm.status();
   auto tmpl = model::ChatTemplate::for_model(lm->tokenizer, f.model.chat_template);

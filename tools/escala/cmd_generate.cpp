@@ -59,6 +59,8 @@ int64_t peak_rss_bytes() {
 Status run_generate(const GenerateFlags& f) {
   if (f.prompt.empty() == f.prompt_ids.empty()) return Status::error("give exactly one of --prompt and --prompt-ids");
   if (!f.prompt_ids.empty() && f.chat) return Status::error("--chat needs --prompt (text), not --prompt-ids");
+  // Before the model loads and the prompt is echoed: no partial output for bad sampling flags.
+  ESCALA_RETURN_IF_ERROR(f.sampling.params.validate());
   ESCALA_RETURN_IF_ERROR(check_omp_spin(f.omp_spin));
   reexec_with_omp_spin(f.omp_spin, "ESCALA_GENERATE_REEXEC");
   auto lm = load_model(f.model);
