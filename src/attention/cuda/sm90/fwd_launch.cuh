@@ -12,6 +12,10 @@
 
 namespace escala::attn::cuda {
 
+// Paged K/V or split-KV take the kernel's kSplitPaged variant; every other call is dense (the
+// per-call tile shapes of tile_rows.h apply to dense calls only). page_size >= 0 (validated).
+inline bool split_paged_call(const FwdParams& p) { return p.page_size > 0 || p.num_splits > 1; }
+
 // One variant (dense, or paged/split-KV) of the kernel for config Cfg.
 template <class Cfg, bool kSplitPaged>
 cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
@@ -98,7 +102,7 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
 template <class Cfg>
 cudaError_t launch_fwd_sm90(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
   constexpr bool kHasSplitPaged = Cfg::DQK == Cfg::DV && Cfg::DQK != 192;
-  if (p.page_size > 0 || p.num_splits > 1) {
+  if (split_paged_call(p)) {
     if constexpr (kHasSplitPaged) {
       static_assert(Cfg::kConsumers == 2, "the paged/split variant's register split assumes two consumers");
       return launch_fwd_sm90_variant<Cfg, true>(p, bf16, e, stream);

@@ -15,7 +15,7 @@ template <class T>
 cudaError_t launch_hd64(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
   using Rows128 = Sm90Config<T, 64, 64, 128, 2>;
   using Rows192 = Sm90Config<T, 64, 64, 128, 2, 3>;
-  const bool dense = p.page_size == 0 && p.num_splits <= 1;
+  const bool dense = !split_paged_call(p);
   if (dense && dense_tile_rows(p, e) == 192) return launch_fwd_sm90_variant<Rows192, false>(p, bf16, e, stream);
   return launch_fwd_sm90<Rows128>(p, bf16, e, stream);
 }
