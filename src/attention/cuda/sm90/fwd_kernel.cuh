@@ -519,8 +519,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int j = 0; j < kDT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
-    const VisibleTiles visible =
-        kLeanTile ? visible_tiles(p.mask, it.qp_min, it.qp_max, it.kv_len, BN) : VisibleTiles{};
+    VisibleTiles visible = kLeanTile ? visible_tiles(p.mask, it.qp_min, it.qp_max, it.kv_len, BN) : VisibleTiles{};
+    // Held in registers through the item where that measured faster: left to itself, the compiler
+    // recomputed the sink bound from the parameters and the item's 64-bit fields in every key tile
+    // (~10 instructions). Session 25, dense kernels, time against the plain form: d = 64 -0.9..+0.1%
+    // (S1k full the +0.1%), d192/128 -0.6%, d = 128 -0.5..+0.5% (S1k full the +0.5%); so d = 128 and
+    // the paged / split variants (unmeasured) keep the plain form.
+    constexpr bool kPinVisible = kLeanTile && !kSplitPaged && (DQK == 64 || DQK != DV);
+    if constexpr (kPinVisible) asm volatile("" : "+r"(visible.lo), "+r"(visible.hi), "+r"(visible.sinks));
     auto softmax = [&](int i, float (&alpha)[2]) {
       const int tile = tile_of(it, i);
       const bool needs_mask = kLeanTile ? !visible.has(tile)
