@@ -88,7 +88,8 @@ constexpr float kLazyRescaleLog2 = 8.0f;
 // (exactly 1 when the max stays). kColumns: the decode kernel's layout with the rows as MMA
 // columns, s[j][e] of row 2 t4 + (e & 1), so a row's values are spread over the 8 lanes of one t4
 // (xor 4, 8, 16) instead of the 4 of one g (xor 1, 2).
-template <int kNT, bool kLazy = false, bool kColumns = false>
+// kNoSums: the caller's P V sums the rows (row_sum untouched).
+template <int kNT, bool kLazy = false, bool kColumns = false, bool kNoSums = false>
 __device__ __forceinline__ void softmax_update(float (&s)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
                                                float scale_log2, float (&alpha)[2]) {
 #pragma unroll
@@ -111,9 +112,9 @@ __device__ __forceinline__ void softmax_update(float (&s)[kNT][4], float (&row_m
     for (int j = 0; j < kNT; ++j) {
       s[j][e0] = fast_exp2(fmaf(s[j][e0], scale_log2, -ms));
       s[j][e1] = fast_exp2(fmaf(s[j][e1], scale_log2, -ms));
-      sum += s[j][e0] + s[j][e1];
+      if constexpr (!kNoSums) sum += s[j][e0] + s[j][e1];
     }
-    row_sum[r] = row_sum[r] * alpha[r] + sum;
+    if constexpr (!kNoSums) row_sum[r] = row_sum[r] * alpha[r] + sum;
   }
 }
 

@@ -59,7 +59,16 @@ struct Sm90Config {
   // not wait for them until it stages its next item (over the V stages: kOInVBulkStore). The
   // 192-row kernel stores from registers (staged, it measured 1% slower, then no different: its
   // consumers have 160 registers).
-  static constexpr int kOOffset = kQBytes + kStages * (kKTileBytes + kVTileBytes);
+  // Row sums by the tensor cores: at d_v = 64 with three consumer warpgroups P V runs as m64n72:
+  // the ninth column tile reads, per V stage, a constant block whose first column is 1.0 (at the
+  // descriptor's leading offset from the stage, after the V ring), so that column of O accumulates
+  // each row's sum of P as rounded for P V, rescaled with O. It removes the softmax's FADDs; the
+  // 128-row kernel measured 1.4-4.9% slower with it (its tensor pipe is nearer its bound), the
+  // 192-row one 0.6-0.8% faster (cuda_notes step 118).
+  static constexpr bool kGemmRowSums = kConsumers == 3 && DV == 64;
+  static constexpr int kOnesOffset = kQBytes + kStages * (kKTileBytes + kVTileBytes);
+  static constexpr int kOnesBytes = kGemmRowSums ? kStages * kVTileBytes : 0;
+  static constexpr int kOOffset = kOnesOffset + kOnesBytes;
   static constexpr int kOBytes = BM * DV * 2;
   // After the tiles: barriers (192 bytes), the two item slots (80 bytes each), alignment slack.
   static constexpr int kSlotInt4s = 5;
@@ -433,7 +442,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int g = lane / 4, t4 = lane % 4;
   const int row_in_tile = 64 * cw + 16 * warp + g;  // this thread's rows: +0 and +8
 
-  float o_acc[kDT][4];
+  // The dense 192-row d_v = 64 kernel's P V also sums the rows (Cfg::kGemmRowSums): o_acc's last column
+  // tile holds them (column 64: lane t4 == 0's elements 0 and 2).
+  constexpr bool kSumsInPV = Cfg::kGemmRowSums && !kSplitPaged;
+  float o_acc[kDT + (kSumsInPV ? 1 : 0)][4];
   float row_max[2], row_sum[2];
   float sacc[kNT][4];
   uint32_t pf[kNT / 2][4];
@@ -442,7 +454,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // so each wgmma's descriptor is a base plus a compile-time offset.
   const uint64_t dq0 = smem_desc_sw128(sQ + cw * 64 * 128, 16, 1024);
   const uint64_t dk0 = smem_desc_sw128(sK, 16, 1024);
-  const uint64_t dv0 = smem_desc_sw128(sV, BN * 128, 1024);
+  const uint64_t dv0 = smem_desc_sw128(sV, kSumsInPV ? S * Cfg::kVTileBytes : BN * 128, 1024);
+  if constexpr (kSumsInPV) {
+    // The ones blocks: row r's logical first 16-byte unit (columns 64-71 of P V's B) sits at unit
+    // r % 8 under the 128-byte swizzle; its first element is 1, everything else 0.
+    const uint32_t one = std::is_same_v<T, __half> ? 0x3C00u : 0x3F80u;
+    for (int u = tid - 128; u < S * BN * 8; u += Cfg::kConsumerThreads) {
+      const int r = (u / 8) % BN, c = u % 8;
+      *reinterpret_cast<uint4*>(smem_raw + (base - raw) + Cfg::kOnesOffset + u * 16) =
+          make_uint4(c == r % 8 ? one : 0u, 0u, 0u, 0u);
+    }
+    fence_proxy_async();
+    named_bar_sync<Cfg::kConsumers + 1, Cfg::kConsumerThreads>();
+  }
   // Q Kᵀ into `acc` (sacc, or the narrow sink tile's sacc_sink: its width is the wgmma's N), and
   // O += P V over as many 16-key steps as `a` holds (pf, or pf_sink).
   auto issue_qk = [&](auto& acc, int s) {
@@ -516,7 +540,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int n_tiles = it.n_tiles;
     const int64_t qpos0 = it.m0 + row_in_tile + it.shift;
 #pragma unroll
-    for (int j = 0; j < kDT; ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
+    for (int j = 0; j < kDT + (kSumsInPV ? 1 : 0); ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
     VisibleTiles visible = kLeanTile ? visible_tiles(p.mask, it.qp_min, it.qp_max, it.kv_len, BN) : VisibleTiles{};
@@ -532,7 +556,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const bool needs_mask = kLeanTile ? !visible.has(tile)
                                         : !tile_fully_visible(p.mask, it.qp_min, it.qp_max, tile * BN, BN, it.kv_len);
       transform_and_mask(sacc, p, needs_mask, qpos0, tile * BN, it.kv_len, t4);
-      softmax_update<kNT, kLazyRescale>(sacc, row_max, row_sum, p.scale_log2, alpha);
+      softmax_update<kNT, kLazyRescale, false, kSumsInPV>(sacc, row_max, row_sum, p.scale_log2, alpha);
     };
     // Paged K/V: the V rows of tile i past the sequence's end hold whatever the pool has there
     // (NaN patterns included), which a zero probability would not cancel; both consumer
@@ -693,14 +717,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       kv_iter += n_tiles;
       ++q_iter;
     }
+    if constexpr (kSumsInPV) row_sum[0] = o_acc[kDT][0], row_sum[1] = o_acc[kDT][2];
+    // O without the sums' column tile.
+    float(&o_out)[kDT][4] = *reinterpret_cast<float(*)[kDT][4]>(&o_acc[0][0]);
     if (idle) {
       // No rows to store.
     } else if (kSplitPaged && splits > 1)
-      store_partial(p, o_acc, row_max, row_sum, it.b, it.q_len, it.m0 + row_in_tile, it.h, it.split, t4);
+      store_partial(p, o_out, row_max, row_sum, it.b, it.q_len, it.m0 + row_in_tile, it.h, it.split, t4);
     else if (Cfg::kStagedO || o_in_v(n_tiles)) {
       // Over the V stages: the other warpgroup's last P V may still be reading them.
       if (kOInV) named_bar_sync<Cfg::kConsumers + 2, Cfg::kConsumerThreads>();
-      store_output_staged<T, DV>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + 64 * cw + 16 * warp, it.h, lane,
+      store_output_staged<T, DV>(p, o_out, row_max, row_sum, it.q0, it.q_len, it.m0 + 64 * cw + 16 * warp, it.h, lane,
                                  (Cfg::kStagedO ? sO : sV) + (4 * cw + warp) * 16 * DV * 2,
                                  (Cfg::kStagedO || Cfg::kOInVBulkStore) && p.o_tma ? &tm_o : nullptr
 #ifdef ESCALA_SM90_TRACE
@@ -713,7 +740,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         mbar_arrive(o_free);
       }
     } else
-      store_output<T>(p, o_acc, row_max, row_sum, it.q0, it.q_len, it.m0 + row_in_tile, it.h, t4);
+      store_output<T>(p, o_out, row_max, row_sum, it.q0, it.q_len, it.m0 + row_in_tile, it.h, t4);
     // Reconverge each warp before the next item where that keeps the tile loop in uniform
     // registers. Without it the lane-dependent stores above left the compiler unsure that the ring
     // counters and the wgmma descriptors are warp-uniform, and it moved them to per-thread

@@ -59,7 +59,7 @@ namespace escala::attn::cuda {
     for t in TYPES:
         for n in (16, 64, 80, 112, 128):  # BN: 64 / 80 (d 256), 112 (d 192), 128; 16: the narrow sink tile
             out.append(ss(n, t))
-        for n in (64, 128, 192, 256):  # d_v
+        for n in (64, 72, 128, 192, 256):  # d_v; 72: d_v = 64 with the row sums as a ninth column tile
             out.append(rs(n, t))
     out.append('''#endif
 
