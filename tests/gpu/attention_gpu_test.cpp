@@ -34,6 +34,8 @@ struct Case {
   float scale = 0.0f;
   bool packed_qkv = false;    // Q, K, V interleaved in one [T, h + 2 hk, d] buffer
   bool host_seqlens = true;   // give the launcher host copies of cu_seqlens
+  float k_ramp = 0.0f;        // K row j of a sequence of n keys scaled by 1 + k_ramp (n - 1 - j) / 128
+  int num_splits = 0;         // CudaOptions::num_splits (0: the launcher's choice)
   uint64_t seed = 1;
 
   int d_v() const { return dv ? dv : d; }
@@ -46,7 +48,7 @@ struct Case {
     for (int x : kv_lens) os << x << ",";
     os << "} h=" << h << " hk=" << hk << " d=" << d << " dv=" << d_v() << " " << dtype_name(dt) << " causal=" << causal
        << " window=(" << wl << "," << wr << ") sinks=" << sinks << " sink_logits=" << sink_logits
-       << " softcap=" << softcap << " packed=" << packed_qkv;
+       << " softcap=" << softcap << " packed=" << packed_qkv << " k_ramp=" << k_ramp << " splits=" << num_splits;
     return os.str();
   }
 };
@@ -104,6 +106,15 @@ void check_case(const Case& c) {
     hq = random_half(tq * c.h * d, c.dt, c.seed);
     hk_ = random_half(tk * c.hk * d, c.dt, c.seed + 1000);
     hv = random_half(tk * c.hk * d_v, c.dt, c.seed + 2000);
+    for (int b = 0; b < batch && c.k_ramp > 0.0f; ++b)
+      for (int j = 0; j < c.kv_lens[b]; ++j) {
+        const float f = 1.0f + c.k_ramp * static_cast<float>(c.kv_lens[b] - 1 - j) / 128.0f;
+        uint16_t* row = hk_.data() + (cu_k[b] + j) * static_cast<int64_t>(c.hk) * d;
+        for (int e = 0; e < c.hk * d; ++e) {
+          const float x = half_to_float(row[e], c.dt) * f;
+          row[e] = c.dt == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
+        }
+      }
     p.q = hq.data(), p.k = hk_.data(), p.v = hv.data();
     p.q_row_stride = static_cast<int64_t>(c.h) * d;
     p.k_row_stride = static_cast<int64_t>(c.hk) * d;
@@ -145,6 +156,7 @@ void check_case(const Case& c) {
   g.o = d_o.get(), g.lse = d_lse.get<float>();
   attn::CudaOptions opt;
   if (c.host_seqlens) opt.host_cu_seqlens_q = cu_q.data(), opt.host_cu_seqlens_k = cu_k.data();
+  opt.num_splits = c.num_splits;
 
   // Each kernel; at head dims <= 64 the sm_90 kernel in both query-tile heights (128 and 192 rows),
   // whichever its cost model would pick for this case.
@@ -277,6 +289,27 @@ TEST(AttentionCuda, SinkLogitsSoftcapScale) {
       c.softcap = 30.0f, c.scale = 0.0f, c.causal = false, c.wl = 64, c.wr = 64, c.sinks = 4;
       check_case(c);
     }
+}
+
+// The kernels visit an item's key tiles from the highest down. Keys scaled up towards the
+// sequence's start make each tile's max exceed the running one: at ramp 3 by ~11 in log2 units, more
+// than the 8 that the conditional rescale lets pass, so O is rescaled on most tiles; at ramp 0.5 by
+// ~2, so the running max is kept over several tiles (p above 1) before O is rescaled. One split
+// (the dense kernels) and the launcher's choice (here the split variant: too few query tiles to fill
+// the GPU). Session 26: a build without the loop's conditional rescale failed every d = 128 / 256
+// case of this test, and no other test.
+TEST(AttentionCuda, ScoresRisingAcrossKeyTiles) {
+  for (int d : {64, 128, 256})
+    for (float ramp : {0.5f, 3.0f})
+      for (bool causal : {false, true})
+        for (int splits : {1, 0}) {
+          Case c;
+          c.q_lens = c.kv_lens = {1000, 129};
+          c.h = 4, c.hk = 2, c.d = d, c.causal = causal, c.k_ramp = ramp, c.num_splits = splits;
+          c.dt = causal ? DType::kF16 : DType::kBF16;
+          c.seed = 650 + d + static_cast<uint64_t>(ramp * 10) + causal;
+          check_case(c);
+        }
 }
 
 TEST(AttentionCuda, PackedQkvStridesAndDeviceSeqlens) {
