@@ -297,7 +297,7 @@ TEST(AttentionCuda, SinkLogitsSoftcapScale) {
 // ~2, so the running max is kept over several tiles (p above 1) before O is rescaled. One split
 // (the dense kernels) and the launcher's choice (here the split variant: too few query tiles to fill
 // the GPU). Session 26: a build without the loop's conditional rescale failed every d = 128 / 256
-// case of this test, and no other test.
+// case of this test.
 TEST(AttentionCuda, ScoresRisingAcrossKeyTiles) {
   for (int d : {64, 128, 256})
     for (float ramp : {0.5f, 3.0f})
