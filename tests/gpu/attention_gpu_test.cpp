@@ -34,7 +34,7 @@ struct Case {
   float scale = 0.0f;
   bool packed_qkv = false;    // Q, K, V interleaved in one [T, h + 2 hk, d] buffer
   bool host_seqlens = true;   // give the launcher host copies of cu_seqlens
-  float k_ramp = 0.0f;        // K row j of a sequence of n keys scaled by 1 + k_ramp (n - 1 - j) / 128
+  float k_ramp = 0.0f;        // K row j of n scaled by 1 + k_ramp (n - 1 - j) / 128 (not with packed_qkv)
   int num_splits = 0;         // CudaOptions::num_splits (0: the launcher's choice)
   uint64_t seed = 1;
 
