@@ -186,6 +186,31 @@ __device__ __forceinline__ float finish_row(const FwdParams& p, float row_max, f
   return l > 0.0f ? ofac / l : 0.0f;
 }
 
+// finish_row for both of a thread's rows (`rr` and `rr + 8`) at once: the two quad sums interleaved,
+// and 1 / l as a fast reciprocal (2 ulp; O leaves in 16 bits). finish_row's IEEE division took a
+// branch region per row, and ptxas kept the rows one after the other (cuda_notes step 121).
+__device__ __forceinline__ void finish_rows(const FwdParams& p, const float (&row_max)[2], const float (&row_sum)[2],
+                                            int q0, int q_len, int rr, int h, int t4, float (&inv)[2]) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  float l[2] = {row_sum[0], row_sum[1]}, m2[2], ofac[2];
+#pragma unroll
+  for (int off = 1; off < 4; off *= 2)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] += __shfl_xor_sync(0xffffffffu, l[r], off);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m2[r] = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * p.scale_log2;  // log2 units
+    ofac[r] = join_sink_logit(p.sink_logits ? p.sink_logits + h : nullptr, m2[r], l[r]);
+    inv[r] = l[r] > 0.0f ? __fdividef(ofac[r], l[r]) : 0.0f;
+  }
+  if (p.lse != nullptr && t4 == 0)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (rr + 8 * r < q_len)
+        p.lse[static_cast<int64_t>(q0 + rr + 8 * r) * p.num_heads + h] =
+            l[r] > 0.0f ? (m2[r] + __log2f(l[r])) * kLn2 : -INFINITY;
+}
+
 // The O stores of this thread's two rows (`row` and `row + 8`, relative to the sequence), each
 // normalised by finish_row.
 template <class T, int kDT>
