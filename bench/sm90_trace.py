@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--skip", type=int, default=2, help="items skipped at each stream's start")
     a = ap.parse_args()
     start, loop, end = defaultdict(list), defaultdict(list), defaultdict(list)
+    by_wg = defaultdict(list)  # (pair, stream) -> loop durations: the two warpgroups' differ
     length, tiles, offsets = [], [], []
     wg_first_turn = {}
     recorded = list(streams(a.trace))
@@ -63,6 +64,8 @@ def main():
                 pair = (it[j - 1][0], it[j][0])
                 d = it[j][1] - it[j - 1][1]
                 (start if j <= first_loop else end if j > last_8 else loop)[pair].append(d)
+                if first_loop < j <= last_8:
+                    by_wg[(pair, s)].append(d)
             end[(it[-1][0], 1)].append(nxt - it[-1][1])
             wg_first_turn[(c, s, k)] = it[codes.index(4)][1] if 4 in codes else None
     for (c, s, k), t in wg_first_turn.items():
@@ -78,7 +81,11 @@ def main():
             m = med(v)
             n = len(v) / max(1, len(length))
             tot += m * n
-            print(f"  {NAMES.get(pair[0], pair[0]):>16} -> {NAMES.get(pair[1], pair[1]):<16} {m:8.0f}  x{n:.1f}")
+            wgs = ""
+            if d is loop:  # per warpgroup: a median over both can fall between two modes
+                wgs = "  (wg0 / wg1 " + " / ".join(f"{med(by_wg[(pair, s)]):.0f}" if by_wg[(pair, s)] else "-"
+                                                    for s in (1, 2)) + ")"
+            print(f"  {NAMES.get(pair[0], pair[0]):>16} -> {NAMES.get(pair[1], pair[1]):<16} {m:8.0f}  x{n:.1f}{wgs}")
         print(f"  {'sum (median x count)':>34} {tot:8.0f}")
     if offsets:
         print(f"warpgroup 1's first turn after warpgroup 0's: median {med(offsets):.0f} cycles")
