@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """bench/sm90_trace.py on a synthetic timeline (the layout trace.cuh writes: per CTA and stream a
 row of 8192 little-endian u64, code << 56 | clock): the medians it prints must be the gaps the
-file was built with, for the item's start, its loop and its end, the second warpgroup's offset,
-and the loads' issue-to-ready times. Usage: test_sm90_trace.py PROJECT_SOURCE_DIR (no GPU)."""
+file was built with, for the item's start, its loop (also per warpgroup) and its end, the second
+warpgroup's offset, and the loads' issue-to-ready times. Usage: test_sm90_trace.py PROJECT_SOURCE_DIR (no GPU)."""
 import os
 import struct
 import subprocess
@@ -14,6 +14,8 @@ TILES, ITEMS, ITEM_LEN = 3, 8, 20000
 # (code, cycles after the previous event) for one consumer item of TILES key tiles.
 START = [(1, 0), (2, 400), (3, 80), (4, 60), (5, 190), (6, 480), (7, 1200)]
 LOOP = [(8, 450), (4, 60), (5, 790), (6, 95), (7, 1460), (9, 93)]
+# The second warpgroup's loop: a shorter softmax, a longer wait for P V (the same tile length).
+LOOP_WG2 = [(8, 450), (4, 60), (5, 790), (6, 95), (7, 1160), (9, 393)]
 END = [(8, 390), (4, 46), (5, 204), (10, 520), (12, 300), (13, 400), (14, 250), (11, 400)]
 
 
@@ -30,7 +32,7 @@ def build(path):
             ev = []
             for k in range(ITEMS):
                 t = 10000 + k * ITEM_LEN + shift
-                body = START + LOOP * (TILES - 1) + END
+                body = START + (LOOP if wg == 1 else LOOP_WG2) * (TILES - 1) + END
                 for code, dt in body:
                     t += dt
                     ev.append((code, t))
@@ -56,9 +58,10 @@ def main():
         build(path)
         out = subprocess.run([sys.executable, os.path.join(src, "bench", "sm90_trace.py"), path],
                              capture_output=True, text=True, check=True).stdout
-    # Every section's pairs as (median, count per item), worked out from START, LOOP and END: the
-    # loop's last "P V landed -> K/V ready" is the step into the end's K/V wait (390), so that
-    # pair's median is (450 + 390) / 2.
+    # Every section's pairs as (median, count per item), worked out from START, LOOP (LOOP_WG2) and
+    # END: the loop's last "P V landed -> K/V ready" is the step into the end's K/V wait (390), so
+    # that pair's median is (450 + 390) / 2; where the warpgroups differ, the median over both is
+    # the mean of their two values.
     body = sum(dt for _, dt in START + LOOP * (TILES - 1) + END)
     want = {
         "start": {"item read -> Q ready": (400, 1), "Q ready -> K0 ready": (80, 1),
@@ -66,15 +69,15 @@ def main():
                   "GEMMs issued -> Q K landed": (480, 1), "Q K landed -> softmax done": (1200, 1),
                   "softmax done -> K/V ready": (450, 1)},
         "loop (per tile)": {"K/V ready -> turn taken": (60, 2), "turn taken -> GEMMs issued": (790, 2),
-                            "GEMMs issued -> Q K landed": (95, 2), "Q K landed -> softmax done": (1460, 2),
-                            "softmax done -> P V landed": (93, 2), "P V landed -> K/V ready": (420, 2)},
+                            "GEMMs issued -> Q K landed": (95, 2), "Q K landed -> softmax done": (1310, 2),
+                            "softmax done -> P V landed": (243, 2), "P V landed -> K/V ready": (420, 2)},
         "end": {"K/V ready -> turn taken": (46, 1), "turn taken -> GEMMs issued": (204, 1),
                 "GEMMs issued -> last P V landed": (520, 1), "last P V landed -> row factors done": (300, 1),
                 "row factors done -> O staged": (400, 1), "O staged -> stores fenced": (250, 1),
                 "stores fenced -> epilogue done": (400, 1),
                 "epilogue done -> item read": (ITEM_LEN - body, 1)},
     }
-    got, section = {}, None
+    got, section, per_wg = {}, None, {}
     for line in out.splitlines():
         if line.startswith("-- ") and "loads" not in line:
             section = line[3:]
@@ -83,8 +86,11 @@ def main():
             section = "loads"
             got[section] = {}
         elif section and "->" in line and section != "loads":
+            line, _, wgs = line.partition("(wg0 / wg1 ")
             left, right = line.split("->")
             fields = right.split()
+            if wgs:
+                per_wg[f"{left.strip()} -> {' '.join(fields[:-2])}"] = tuple(int(x) for x in wgs.rstrip(")").split(" / "))
             got[section][f"{left.strip()} -> {' '.join(fields[:-2])}"] = (int(fields[-2]), float(fields[-1][1:]))
         elif section == "loads" and ":" in line:
             name, rest = line.split(":", 1)
@@ -104,6 +110,11 @@ def main():
             if g.get(key) != value:
                 print(f"{sec}: {key}: want {value}, got {g.get(key)}")
                 ok = False
+    for key, value in {"Q K landed -> softmax done": (1460, 1160), "softmax done -> P V landed": (93, 393),
+                       "turn taken -> GEMMs issued": (790, 790)}.items():
+        if per_wg.get(key) != value:
+            print(f"per warpgroup: {key}: want {value}, got {per_wg.get(key)}")
+            ok = False
     if "item length median 20000" not in out or "key tiles per item 3" not in out:
         print("item length / tiles wrong"); ok = False
     if "first turn after warpgroup 0's: median 900" not in out:
