@@ -2,7 +2,8 @@
 """bench/sm90_trace.py on a synthetic timeline (the layout trace.cuh writes: per CTA and stream a
 row of 8192 little-endian u64, code << 56 | clock): the medians it prints must be the gaps the
 file was built with, for the item's start, its loop (also per warpgroup) and its end, the second
-warpgroup's offset, and the loads' issue-to-ready times. Usage: test_sm90_trace.py PROJECT_SOURCE_DIR (no GPU)."""
+warpgroup's offset, and the loads' issue-to-ready times.
+Usage: test_sm90_trace.py PROJECT_SOURCE_DIR (no GPU)."""
 import os
 import struct
 import subprocess
@@ -89,9 +90,10 @@ def main():
             line, _, wgs = line.partition("(wg0 / wg1 ")
             left, right = line.split("->")
             fields = right.split()
+            key = f"{left.strip()} -> {' '.join(fields[:-2])}"
             if wgs:
-                per_wg[f"{left.strip()} -> {' '.join(fields[:-2])}"] = tuple(int(x) for x in wgs.rstrip(")").split(" / "))
-            got[section][f"{left.strip()} -> {' '.join(fields[:-2])}"] = (int(fields[-2]), float(fields[-1][1:]))
+                per_wg[key] = tuple(int(x) for x in wgs.rstrip(")").split(" / "))
+            got[section][key] = (int(fields[-2]), float(fields[-1][1:]))
         elif section == "loads" and ":" in line:
             name, rest = line.split(":", 1)
             words = rest.split()
