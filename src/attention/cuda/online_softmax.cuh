@@ -147,6 +147,13 @@ __device__ __forceinline__ void pack_p(const float (&s)[kNT][4], uint32_t (&pf)[
   }
 }
 
+// A finished row's log-sum-exp in natural-log units from its max in log2 units (m2) and its sum
+// (l): -inf for a row that saw no key.
+__device__ __forceinline__ float row_lse(float m2, float l) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  return l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
+}
+
 // Joins a learned sink logit (natural-log units; none when `sink` is null) into a finished row's
 // softmax state: m2 is the row max in log2 units, l the row sum. Returns the factor O must take.
 __device__ __forceinline__ float join_sink_logit(const float* sink, float& m2, float& l) {
@@ -177,12 +184,11 @@ __device__ __forceinline__ float row_total(float partial) {
 // when `rr` is inside the sequence); returns the factor that normalises the row's O.
 __device__ __forceinline__ float finish_row(const FwdParams& p, float row_max, float partial_sum, int q0, int q_len,
                                             int rr, int h, int t4) {
-  constexpr float kLn2 = 0.6931471805599453f;
   float l = row_total(partial_sum);
   float m2 = row_max == -INFINITY ? -INFINITY : row_max * p.scale_log2;  // log2 units
   const float ofac = join_sink_logit(p.sink_logits ? p.sink_logits + h : nullptr, m2, l);
   if (p.lse != nullptr && t4 == 0 && rr < q_len)
-    p.lse[static_cast<int64_t>(q0 + rr) * p.num_heads + h] = l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
+    p.lse[static_cast<int64_t>(q0 + rr) * p.num_heads + h] = row_lse(m2, l);
   return l > 0.0f ? ofac / l : 0.0f;
 }
 
@@ -191,7 +197,6 @@ __device__ __forceinline__ float finish_row(const FwdParams& p, float row_max, f
 // branch region per row, and ptxas kept the rows one after the other (cuda_notes step 121).
 __device__ __forceinline__ void finish_rows(const FwdParams& p, const float (&row_max)[2], const float (&row_sum)[2],
                                             int q0, int q_len, int rr, int h, int t4, float (&inv)[2]) {
-  constexpr float kLn2 = 0.6931471805599453f;
   float l[2] = {row_sum[0], row_sum[1]}, m2[2], ofac[2];
 #pragma unroll
   for (int off = 1; off < 4; off *= 2)
@@ -207,8 +212,7 @@ __device__ __forceinline__ void finish_rows(const FwdParams& p, const float (&ro
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       if (rr + 8 * r < q_len)
-        p.lse[static_cast<int64_t>(q0 + rr + 8 * r) * p.num_heads + h] =
-            l[r] > 0.0f ? (m2[r] + __log2f(l[r])) * kLn2 : -INFINITY;
+        p.lse[static_cast<int64_t>(q0 + rr + 8 * r) * p.num_heads + h] = row_lse(m2[r], l[r]);
 }
 
 // The O stores of this thread's two rows (`row` and `row + 8`, relative to the sequence), each
@@ -239,7 +243,6 @@ template <int kDT>
 __device__ __forceinline__ void store_partial(const FwdParams& p, float (&o)[kDT][4], const float (&row_max)[2],
                                               const float (&row_sum)[2], int b, int q_len, int row, int h, int split,
                                               int t4) {
-  constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = row_total(row_sum[r]);
@@ -255,7 +258,7 @@ __device__ __forceinline__ void store_partial(const FwdParams& p, float (&o)[kDT
       }
       if (t4 == 0) {
         const float m2 = row_max[r] * p.scale_log2;
-        p.part_lse[part] = l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
+        p.part_lse[part] = row_lse(m2, l);
       }
     }
   }

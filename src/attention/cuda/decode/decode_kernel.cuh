@@ -767,7 +767,6 @@ __global__ void __launch_bounds__(128)
   }
   __syncthreads();
 
-  constexpr float kLn2 = 0.6931471805599453f;
   for (int idx = threadIdx.x; idx < Cfg::kRows * D / 2; idx += Cfg::kThreads) {
     const int row = idx / (D / 2), d = 2 * (idx % (D / 2));
     const int pr = row0 + row;
@@ -784,12 +783,12 @@ __global__ void __launch_bounds__(128)
       using OM = MmaType<T>;
       *reinterpret_cast<uint32_t*>(orow + d) = OM::pack(a * inv, c * inv);
       if (d == 0 && p.lse != nullptr)
-        p.lse[int64_t(q0 + i) * p.num_heads + h] = l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
+        p.lse[int64_t(q0 + i) * p.num_heads + h] = row_lse(m2, l);
     } else {
       const int64_t part = ((int64_t(b) * p.max_q_len + i) * p.num_heads + h) * p.num_splits + split;
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       *reinterpret_cast<float2*>(p.part_o + part * D + d) = make_float2(a * inv, c * inv);
-      if (d == 0) p.part_lse[part] = l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
+      if (d == 0) p.part_lse[part] = row_lse(m2, l);
     }
   }
 
