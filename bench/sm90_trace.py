@@ -63,8 +63,9 @@ def main():
             for j in range(1, len(it)):
                 pair = (it[j - 1][0], it[j][0])
                 d = it[j][1] - it[j - 1][1]
-                (start if j <= first_loop else end if j > last_8 else loop)[pair].append(d)
-                if first_loop < j <= last_8:
+                section = start if j <= first_loop else end if j > last_8 else loop
+                section[pair].append(d)
+                if section is loop:
                     by_wg[(pair, s)].append(d)
             end[(it[-1][0], 1)].append(nxt - it[-1][1])
             wg_first_turn[(c, s, k)] = it[codes.index(4)][1] if 4 in codes else None
