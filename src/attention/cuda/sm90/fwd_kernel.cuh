@@ -541,7 +541,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ++item_iter;
     if (w < 0) break;
     if constexpr (!kDecodedSlots) decode(w, it);
-    const int n_tiles = it.n_tiles;
+    const int item_tiles = it.n_tiles;
     const int64_t qpos0 = it.m0 + row_in_tile + it.shift;
 #pragma unroll
     for (int j = 0; j < kDT + (kSumsInPV ? 1 : 0); ++j) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
@@ -555,8 +555,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // the paged / split variants (unmeasured) keep the plain form.
     constexpr bool kPinVisible = kLeanTile && !kSplitPaged && (DQK == 64 || DQK != DV);
     if constexpr (kPinVisible) asm volatile("" : "+r"(visible.lo), "+r"(visible.hi), "+r"(visible.sinks));
+    // This warpgroup's tile i is the item's tile skip + i (skip: tiles_past_rows below).
+    int skip = 0;
     auto softmax = [&](int i, float (&alpha)[2]) {
-      const int tile = tile_of(it, i);
+      const int tile = tile_of(it, skip + i);
       const bool needs_mask = kLeanTile ? !visible.has(tile)
                                         : !tile_fully_visible(p.mask, it.qp_min, it.qp_max, tile * BN, BN, it.kv_len);
       transform_and_mask(sacc, p, needs_mask, qpos0, tile * BN, it.kv_len, t4);
@@ -567,7 +569,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // warpgroups zero them before either multiplies (same point in both: no ping-pong deadlock).
     auto zero_v_tail = [&](int i, int s) {
       if (!kSplitPaged || p.page_size == 0) return;
-      const int valid = it.kv_len - tile_of(it, i) * BN;
+      const int valid = it.kv_len - tile_of(it, skip + i) * BN;
       if (valid >= BN) return;
       const int per_chunk = (BN - valid) * 8;  // 16-byte units
       uint8_t* v_stage = smem_raw + (sV - raw) + s * Cfg::kVTileBytes;
@@ -579,14 +581,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       named_bar_sync<Cfg::kConsumers + 1, Cfg::kConsumerThreads>();
     };
 
+    // The visited tiles at the item's high end that none of this warpgroup's rows sees: whole key
+    // tiles above its last row's causal (or right-window) end. A 128-row query tile with 128-key
+    // tiles always sees part of its diagonal tile in both warpgroups; with narrower key tiles (d =
+    // 256: 64 or 80 keys, d = 192: 112) the first warpgroup often skips one. At least one tile stays
+    // (two with the narrow sink tile, the item's last), so that rows with no visible key still
+    // finish as they did. Session 28: d256 S1k / S4k causal 1.8 / 0.7% faster, d192 S4k causal
+    // 0.8%; the 192-row d = 64 kernel, whose first two warpgroups skip too, was 2.6% faster at S1k
+    // causal (still slower than 128 rows there) and 0.7% slower at S16k causal, so it keeps the
+    // plain form.
+    constexpr bool kSkipTiles = !kSplitPaged && BN < 128;
+    auto tiles_past_rows = [&](const Item& item, bool narrow) {
+      if constexpr (!kSkipTiles) return 0;
+      const int last_row = min(item.m0 + 64 * cw + 63, item.q_len - 1);
+      const int64_t kend = p.mask.key_end(last_row + item.shift, item.kv_len);
+      const int end_tile = static_cast<int>((kend + BN - 1) / BN);
+      const TileRange& r = item.range;
+      // Visited tiles below end_tile: the sink tiles and the window tiles under it.
+      const int window = r.end > r.first ? r.end - r.first : 0;
+      const int below = min(end_tile, r.sink_tiles) + max(0, min(end_tile - r.first, window));
+      return max(0, min(item.hi - below, item.n_tiles - (narrow ? 2 : 1)));
+    };
+
     // A warpgroup whose 64 rows all lie past the sequence (in the 192-row kernel, the last tile of
     // a sequence: 1024 = 5 x 192 + 64) skips the GEMMs and the softmax. It keeps step with the
     // others: it releases each stage once the stage has been filled (an arrival before that would
     // count towards the stage's previous use), takes its turns and releases Q.
     const bool idle = kIdleWarpgroups && it.m0 + 64 * cw >= it.q_len;
-    if (n_tiles > 0 && idle) {
-      for (int i = 0; i <= n_tiles; ++i) {
-        if (i < n_tiles) {
+    if (item_tiles > 0 && idle) {
+      for (int i = 0; i <= item_tiles; ++i) {
+        if (i < item_tiles) {
           const Counter cur = kv_iter + i;
           wait_k(cur);
           mbar_arrive(empty_k(cur % S));
@@ -600,9 +624,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         pass_turn();
       }
       mbar_arrive(q_empty);
-      kv_iter += n_tiles;
+      kv_iter += item_tiles;
       ++q_iter;
-    } else if (n_tiles > 0) {
+    } else if (item_tiles > 0) {
+      // Key tiles past this warpgroup's last row (the diagonal's upper tiles, for the first
+      // warpgroups of a causal item) are released with a turn and no GEMMs; the rest is the item
+      // as below, from its first tile this warpgroup sees.
+      // (From lane 0: the compiler then knows the ring counters stay warp-uniform.)
+      if constexpr (kSkipTiles) skip = __shfl_sync(0xffffffffu, tiles_past_rows(it, narrow_sink_tile(it)), 0);
+      for (int j = 0; j < skip; ++j) {
+        const Counter c = kv_iter + j;
+        wait_k(c);
+        mbar_arrive(empty_k(c % S));
+        wait_v(c);
+        mbar_arrive(empty_v(c % S));
+        take_turn();
+        pass_turn();
+      }
+      kv_iter += skip;
+      const int n_tiles = item_tiles - skip;
       mbar_wait(q_full, q_iter & 1);
       SM90_TRACE(tr, 2);
       // Tile 0: Q Kᵀ alone.
@@ -728,7 +768,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // No rows to store.
     } else if (kSplitPaged && splits > 1)
       store_partial(p, o_out, row_max, row_sum, it.b, it.q_len, it.m0 + row_in_tile, it.h, it.split, t4);
-    else if (Cfg::kStagedO || o_in_v(n_tiles)) {
+    else if (Cfg::kStagedO || o_in_v(item_tiles)) {
       // Over the V stages: the other warpgroup's last P V may still be reading them.
       if (kOInV) named_bar_sync<Cfg::kConsumers + 2, Cfg::kConsumerThreads>();
       store_output_staged<T, DV>(p, o_out, row_max, row_sum, it.q0, it.q_len, it.m0 + 64 * cw + 16 * warp, it.h, lane,
