@@ -630,7 +630,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Key tiles past this warpgroup's last row (the diagonal's upper tiles, for the first
       // warpgroups of a causal item) are released with a turn and no GEMMs; the rest is the item
       // as below, from its first tile this warpgroup sees.
-      // (From lane 0: the compiler then knows the ring counters stay warp-uniform.)
+      // (The count from lane 0, and added to the ring counter after the loop: incremented inside
+      // it, the counter left the d = 256 tile loop's uniform registers, cuda_notes step 129.)
       if constexpr (kSkipTiles) skip = __shfl_sync(0xffffffffu, tiles_past_rows(it, narrow_sink_tile(it)), 0);
       for (int j = 0; j < skip; ++j) {
         const Counter c = kv_iter + j;
