@@ -1,5 +1,6 @@
 // The sm_90 prefill kernel's tile shapes (attention/cuda/sm90/tile_rows.h): the height at d = 64,
-// measured on an H200 (132 SMs) under sustained load, session 13 (docs/cuda_notes.md, step 60), and
+// measured on an H200 (132 SMs) under sustained load, session 13 (docs/cuda_notes.md, step 60;
+// S = 4k causal again in session 28, step 133), and
 // the key-tile width at d = 256 (session 23, step 102).
 #include "attention/cuda/sm90/tile_rows.h"
 
@@ -21,7 +22,7 @@ TEST(Sm90TileRows, MeasuredFasterHeight) {
   EXPECT_EQ(rows_for(1024, 32, 32, false), 128);   // 731 / 775
   EXPECT_EQ(rows_for(1024, 32, 32, true), 128);    // 461 / 569
   EXPECT_EQ(rows_for(4096, 8, 32, false), 192);    // 2581 / 2470
-  EXPECT_EQ(rows_for(4096, 8, 32, true), 128);     // 1364 / 1406
+  EXPECT_EQ(rows_for(4096, 8, 32, true), 192);     // 1364 / 1406 in session 13; 657.2 / 646.6 (16 heads) in session 28
   EXPECT_EQ(rows_for(16384, 2, 32, false), 192);   // 9920 / 9260
   EXPECT_EQ(rows_for(16384, 2, 32, true), 192);    // 4970 / 4750
   EXPECT_EQ(rows_for(8192, 4, 32, false), 192);    // GQA 32/8: 4960 / 4660
