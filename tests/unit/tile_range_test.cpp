@@ -41,5 +41,23 @@ TEST(VisibleTiles, AgreesWithPerTileTest) {
   EXPECT_LT(visible, checked);
 }
 
+TEST(TileRange, CountBelowMatchesVisitedTiles) {
+  // count_below(t) is the number of i in [0, count()) with at(i) < t, for ranges with and without
+  // separate sink tiles and with an empty window part.
+  std::mt19937 rng(20261202);
+  for (int trial = 0; trial < 2000; ++trial) {
+    TileRange r;
+    r.first = rng() % 20;
+    r.end = r.first + static_cast<int32_t>(rng() % 20) - 3;  // empty when end <= first
+    r.sink_tiles = r.first > 1 && rng() % 2 ? 1 + rng() % (r.first - 1) : 0;
+    for (int32_t t = 0; t < 45; ++t) {
+      int32_t want = 0;
+      for (int32_t i = 0; i < r.count(); ++i) want += r.at(i) < t;
+      ASSERT_EQ(r.count_below(t), want) << "sinks " << r.sink_tiles << " first " << r.first << " end " << r.end
+                                        << " t " << t;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace escala::attn::cuda

@@ -19,6 +19,12 @@ struct TileRange {
   ESCALA_HD int32_t count() const { return sink_tiles + (end > first ? end - first : 0); }
   // The i-th visited tile, i in [0, count()).
   ESCALA_HD int32_t at(int32_t i) const { return i < sink_tiles ? i : first + (i - sink_tiles); }
+  // How many visited tiles have a number below t >= 0 (the index at() gives the first tile >= t).
+  ESCALA_HD int32_t count_below(int32_t t) const {
+    const int32_t window = end > first ? end - first : 0;
+    const int32_t in_window = t - first < window ? t - first : window;
+    return (t < sink_tiles ? t : sink_tiles) + (in_window > 0 ? in_window : 0);
+  }
 };
 
 // Query positions (aligned, i' = i + kv_len - q_len) of the tile are [qp_min, qp_max].

@@ -584,23 +584,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // The visited tiles at the item's high end that none of this warpgroup's rows sees: whole key
     // tiles above its last row's causal (or right-window) end. A 128-row query tile with 128-key
     // tiles always sees part of its diagonal tile in both warpgroups; with narrower key tiles (d =
-    // 256: 64 or 80 keys, d = 192: 112) the first warpgroup often skips one. At least one tile stays
-    // (two with the narrow sink tile, the item's last), so that rows with no visible key still
-    // finish as they did. Session 28: d256 S1k / S4k causal 1.8 / 0.7% faster, d192 S4k causal
-    // 0.8%; the 192-row d = 64 kernel, whose first two warpgroups skip too, was 2.6% faster at S1k
-    // causal (still slower than 128 rows there) and 0.7% slower at S16k causal, so it keeps the
-    // plain form.
+    // 256: 64 or 80 keys, d = 192: 112) the first warpgroup often skips one. At least one tile stays,
+    // so that rows with no visible key still finish as they did. Session 28: d256 S1k / S4k causal
+    // 1.8 / 0.7% faster, d192 S4k causal 0.8%; the 192-row d = 64 kernel, whose first two
+    // warpgroups skip too, was 2.6% faster at S1k causal (still slower than 128 rows there) and
+    // 0.7% slower at S16k causal, so it keeps the plain form.
     constexpr bool kSkipTiles = !kSplitPaged && BN < 128;
-    auto tiles_past_rows = [&](const Item& item, bool narrow) {
+    static_assert(!(kSkipTiles && kNarrow), "the narrow sink tile (128-key kernels) must stay the item's last");
+    auto tiles_past_rows = [&](const Item& item) {
       if constexpr (!kSkipTiles) return 0;
       const int last_row = min(item.m0 + 64 * cw + 63, item.q_len - 1);
       const int64_t kend = p.mask.key_end(last_row + item.shift, item.kv_len);
       const int end_tile = static_cast<int>((kend + BN - 1) / BN);
-      const TileRange& r = item.range;
-      // Visited tiles below end_tile: the sink tiles and the window tiles under it.
-      const int window = r.end > r.first ? r.end - r.first : 0;
-      const int below = min(end_tile, r.sink_tiles) + max(0, min(end_tile - r.first, window));
-      return max(0, min(item.hi - below, item.n_tiles - (narrow ? 2 : 1)));
+      return max(0, min(item.hi - item.range.count_below(end_tile), item.n_tiles - 1));
     };
 
     // A warpgroup whose 64 rows all lie past the sequence (in the 192-row kernel, the last tile of
@@ -632,7 +628,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // as below, from its first tile this warpgroup sees.
       // (The count from lane 0, and added to the ring counter after the loop: incremented inside
       // it, the counter left the d = 256 tile loop's uniform registers, cuda_notes step 129.)
-      if constexpr (kSkipTiles) skip = __shfl_sync(0xffffffffu, tiles_past_rows(it, narrow_sink_tile(it)), 0);
+      if constexpr (kSkipTiles) skip = __shfl_sync(0xffffffffu, tiles_past_rows(it), 0);
       for (int j = 0; j < skip; ++j) {
         const Counter c = kv_iter + j;
         wait_k(c);
