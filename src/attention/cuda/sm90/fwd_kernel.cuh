@@ -57,8 +57,9 @@ struct Sm90Config {
   // layout; the producer then loads an item's first V tile only once the previous item's O has
   // left them). From its own buffer each warp writes its slice out with TMA bulk stores and does
   // not wait for them until it stages its next item (over the V stages: kOInVBulkStore). The
-  // 192-row kernel stores from registers (staged, it measured 1% slower, then no different: its
-  // consumers have 160 registers).
+  // 192-row d = 64 kernel too since session 30 (staged with the copy-out it had measured 1% slower
+  // than its stores from registers; with the bulk stores S1k full / causal 4.0 / 5.7% faster, S4k
+  // 1.5 / 3.0%, S16k 0.6%).
   // Row sums by the tensor cores: at d_v = 64 with three consumer warpgroups P V runs as m64n72:
   // the ninth column tile reads, per V stage, a constant block whose first column is 1.0 (at the
   // descriptor's leading offset from the stage, after the V ring), so that column of O accumulates
@@ -73,7 +74,7 @@ struct Sm90Config {
   // After the tiles: barriers (192 bytes), the two item slots (80 bytes each), alignment slack.
   static constexpr int kSlotInt4s = 5;
   static constexpr int kTailBytes = 192 + 2 * 16 * kSlotInt4s + 1024;
-  static constexpr bool kStagedO = kConsumers == 2 && kOOffset + kOBytes + kTailBytes <= 227 * 1024;
+  static constexpr bool kStagedO = kOOffset + kOBytes + kTailBytes <= 227 * 1024;
   static constexpr bool kStagedOInV = kConsumers == 2 && !kStagedO && kOBytes <= kStages * kVTileBytes;
   // O over the V stages also leaves by bulk stores at d_v > 128, each warp waiting for their reads
   // before the stages are released (session 19: d256 S1k 0.6-0.8% faster, d192 neutral; the

@@ -22,11 +22,14 @@ namespace escala::attn::cuda {
 // GQA 32/8 at 8k 6%. Every choice was right for kGain in (1.031, 1.091). (Session 7, each call
 // timed alone at a cool card's clocks, had measured 12-16%.) Session 28, the kernels since
 // improved: S = 4k causal 192 rows 1.6% faster (646.6 against 657.2 us, 16 heads), a gain of
-// ~1.11 by this model; 1.10 keeps S = 1k (ties at 1.125) and S = 2k causal (1.114) on 128 rows.
+// ~1.11 by this model. Session 30, the 192-row kernel's O staged and stored in bulk: gains of
+// 1.13-1.16 (S1k full 330.6 against 340.1 us, S4k causal 630.1 against ~660, S4k / S16k full);
+// 1.14 moves S = 1k full (ties at 1.125) and S = 2k causal (1.114) to 192 rows and keeps S = 1k
+// causal (1.333) on 128.
 inline int dense_tile_rows_d64(const Mask& mask, int max_q_len, int max_kv_len, int64_t batch, int64_t heads,
                                int sms) {
   const int64_t shift = int64_t(max_kv_len) - max_q_len;
-  constexpr double kGain = 1.10;
+  constexpr double kGain = 1.14;
   auto makespan = [&](int bm) {
     int64_t tiles = 0, longest = 0;
     for (int m0 = 0; m0 < max_q_len; m0 += bm) {
