@@ -27,7 +27,7 @@ TEST(Sm90TileRows, MeasuredFasterHeight) {
   EXPECT_EQ(rows_for(16384, 2, 32, false), 192);   // 9920 / 9260
   EXPECT_EQ(rows_for(16384, 2, 32, true), 192);    // 4970 / 4750
   EXPECT_EQ(rows_for(8192, 4, 32, false), 192);    // GQA 32/8: 4960 / 4660
-  EXPECT_EQ(rows_for(2000, 16, 32, true), 192);    // 771 / 802 in session 13; see step 139 for session 30
+  EXPECT_EQ(rows_for(2000, 16, 32, true), 192);    // 771 / 802 in session 13; S2k 365.1 / 364.2 (16 heads) in session 30
 }
 
 TEST(Sm90TileRows, ShortQueriesKeep128Rows) {
