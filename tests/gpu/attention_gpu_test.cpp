@@ -36,6 +36,7 @@ struct Case {
   bool host_seqlens = true;   // give the launcher host copies of cu_seqlens
   float k_ramp = 0.0f;        // K row j of n scaled by 1 + k_ramp (n - 1 - j) / 128 (not with packed_qkv)
   int num_splits = 0;         // CudaOptions::num_splits (0: the launcher's choice)
+  bool garbage_workspace = false;  // the caller's workspace (256 bytes of 0x7f before every call)
   uint64_t seed = 1;
 
   int d_v() const { return dv ? dv : d; }
@@ -48,7 +49,8 @@ struct Case {
     for (int x : kv_lens) os << x << ",";
     os << "} h=" << h << " hk=" << hk << " d=" << d << " dv=" << d_v() << " " << dtype_name(dt) << " causal=" << causal
        << " window=(" << wl << "," << wr << ") sinks=" << sinks << " sink_logits=" << sink_logits
-       << " softcap=" << softcap << " packed=" << packed_qkv << " k_ramp=" << k_ramp << " splits=" << num_splits;
+       << " softcap=" << softcap << " packed=" << packed_qkv << " k_ramp=" << k_ramp << " splits=" << num_splits
+       << " garbage_workspace=" << garbage_workspace;
     return os.str();
   }
 };
@@ -157,6 +159,8 @@ void check_case(const Case& c) {
   attn::CudaOptions opt;
   if (c.host_seqlens) opt.host_cu_seqlens_q = cu_q.data(), opt.host_cu_seqlens_k = cu_k.data();
   opt.num_splits = c.num_splits;
+  DeviceBuffer workspace(256);
+  if (c.garbage_workspace) opt.workspace = workspace.get(), opt.workspace_bytes = 256;
 
   // Each kernel; at head dims <= 64 the sm_90 kernel in both query-tile heights (128 and 192 rows),
   // whichever its cost model would pick for this case.
@@ -179,6 +183,7 @@ void check_case(const Case& c) {
     for (auto& r : run) {
       GPU_CHECK(cudaMemset(d_o.get(), 0xff, d_o.bytes()));    // NaN in f16 and bf16
       GPU_CHECK(cudaMemset(d_lse.get(), 0xff, d_lse.bytes()));  // NaN
+      GPU_CHECK(cudaMemset(workspace.get(), 0x7f, 256));       // counters past every item
       const Status st = attn::cuda::attention_cuda_arch(g, nullptr, opt, arch, kernel.tile_rows);
       ASSERT_TRUE(st.ok()) << st.message();
       GPU_CHECK(cudaDeviceSynchronize());
@@ -227,6 +232,19 @@ TEST(AttentionCuda, AppendQueriesShorterThanKeys) {
       c.seed = 200 + d;
       check_case(c);
     }
+}
+
+// The sm_90 kernel's work counters: in the library's buffer the kernel leaves them zero for the
+// next call (every case runs twice, and cases follow each other on one stream); a caller's
+// workspace may hold anything, and each call zeroes its counters first.
+TEST(AttentionCuda, CallersWorkspaceWithGarbage) {
+  for (bool causal : {false, true}) {
+    Case c;
+    c.q_lens = c.kv_lens = {1000, 300, 129};
+    c.h = 4, c.hk = 2, c.d = 128, c.causal = causal, c.num_splits = 1, c.garbage_workspace = true;
+    c.seed = 1400 + causal;
+    check_case(c);
+  }
 }
 
 TEST(AttentionCuda, EmptyRowsAndEmptySequences) {

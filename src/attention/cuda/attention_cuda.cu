@@ -452,10 +452,14 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
                     std::to_string(256 + part_bytes) + " bytes");
       ws = static_cast<uint8_t*>(options.workspace);
       k.tile_counter = reinterpret_cast<int32_t*>(ws);
+      // The caller's buffer may hold anything: zero the counters on the stream (capturable).
+      e = cudaMemsetAsync(k.tile_counter, 0, 2 * sizeof(int32_t), stream);
+      if (e != cudaSuccess) return cuda_error("zeroing the prefill workspace's counters", e);
     } else {
-      // The work counter, one per stream, zeroed on the stream before each launch.
-      static cuda::StreamScratch counters;
-      k.tile_counter = static_cast<int32_t*>(counters.get(stream, sizeof(int32_t), e));
+      // The work counters, one pair per stream, zeroed once: the kernel leaves them zero, so no
+      // memset per call (a graph of calls was one memset node per call).
+      static cuda::StreamScratch counters(/*zeroed=*/true);
+      k.tile_counter = static_cast<int32_t*>(counters.get(stream, 2 * sizeof(int32_t), e));
       if (k.tile_counter == nullptr) return cuda_error("allocating the prefill work counter", e);
       if (part_bytes > 0) {
         static cuda::StreamScratch scratch;

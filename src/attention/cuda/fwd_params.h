@@ -32,9 +32,11 @@ struct FwdParams {
   // zeros and never stored).
   int32_t d_qk = 0, d_v = 0;
 
-  // sm_90 persistent scheduler: CTAs take work items from `tile_counter` (zeroed before the
-  // launch); items are ordered in sections of `sched_section` (sequence, head) pairs whose K/V fit
-  // in L2 together, longest query tiles first within a section.
+  // sm_90 persistent scheduler: CTAs take work items from `tile_counter[0]`; `tile_counter[1]`
+  // counts the CTAs past their last claim, and the last of them sets both to zero again. Both are
+  // zero at the launch (and after it). Items are ordered in sections of `sched_section`
+  // (sequence, head) pairs whose K/V fit in L2 together, longest query tiles first within a
+  // section.
   int32_t* tile_counter = nullptr;
   int32_t sched_section = 1;
   // sm_90: O can be written by TMA bulk stores (its tensor map could be encoded: 16-byte strides).

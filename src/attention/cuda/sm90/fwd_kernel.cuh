@@ -321,6 +321,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         w = atomicAdd(p.tile_counter, 1) + gridDim.x;
       }
       publish(item_iter, -1, Item{});
+      // This CTA claims nothing more. The last one to get here finds every claim of the launch
+      // made and leaves the counters zero for the next launch (no memset between calls).
+      __threadfence();
+      if (atomicAdd(p.tile_counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+        __threadfence();
+        p.tile_counter[0] = 0;
+        p.tile_counter[1] = 0;
+      }
     } else if (tid == 0) {
       SM90_TRACE_DECL(tr, 0, true);
       Counter kv_iter = 0, item_iter = 0;

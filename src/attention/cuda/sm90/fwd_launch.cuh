@@ -82,9 +82,7 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
   const double kv_bytes = static_cast<double>(e.max_kv_len > 0 ? e.max_kv_len : 1) * (p.d_qk + p.d_v) * 2.0 / p.group;
   p.sched_section = uniform_items ? 1 : static_cast<int32_t>(std::clamp<double>(24.0 * (1 << 20) / kv_bytes, 1.0, static_cast<double>(bh)));
   // Persistent grid: one CTA per SM (the kernel takes all of an SM's registers); each CTA takes
-  // its first item by its index and the next ones from the counter, zeroed here on the stream.
-  err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream);
-  if (err != cudaSuccess) return err;
+  // its first item by its index and the next ones from the counter (zero here, and left zero).
   const int64_t ctas = std::min<int64_t>(items, e.sms);
   const dim3 grid(static_cast<unsigned>(ctas));
 #ifdef ESCALA_SM90_TRACE

@@ -35,7 +35,8 @@ inline int sm90_block_n(int wq, int wv) {
 }
 
 // Tile widths (d_qk, d_v) with a kernel: (64, 64), (128, 128), (192, 192), (256, 256), (192, 128).
-// p.tile_counter must point at a device int32 no other launch uses concurrently.
+// p.tile_counter must point at two device int32s, both zero, that no other launch uses concurrently;
+// the kernel leaves them zero.
 cudaError_t run_fwd_sm90_hd64(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream);
 cudaError_t run_fwd_sm90_hd128(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream);
 cudaError_t run_fwd_sm90_hd192(const FwdParams& p, bool bf16, const Sm90Extents& e, cudaStream_t stream);
