@@ -25,10 +25,10 @@ struct CudaOptions {
   int max_kv_len = 0;
   // Scratch for the decode kernel's splits (decode_workspace_bytes: the merge counters, which each
   // call zeroes on the stream, then the split partials), or for the sm_90 prefill kernel: its work
-  // counters (zeroed by each call on the stream) in the first 256 bytes, then the split partials (with num_splits > 1: batch x
-  // max_q_len x heads x splits x (head_dim_v + 1) floats). Null: buffers cached by the library
-  // per stream (the counters kept zero), allocated with cudaMalloc on first use on a stream or
-  // when too small (not capturable).
+  // counters (which each call zeroes on the stream) in the first 256 bytes, then the split
+  // partials (with num_splits > 1: batch x max_q_len x heads x splits x (head_dim_v + 1) floats).
+  // Null: buffers cached by the library per stream (the counters kept zero), allocated with
+  // cudaMalloc on first use on a stream or when too small (not capturable).
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
