@@ -197,12 +197,13 @@ def main():
         ratio = et / best if (et and best) else None
         if ratio and in_dense_grid(s):
             ratios_dense.append(ratio)
-        rs = f"{ratio:.2f}" if ratio else "n/a"
+        rs = f"{ratio:.3f}" if ratio else "n/a"  # three places: a tie at 1.0 must not round either way
         print(f"| {s[0]} | {s[1]} | {f(et)} | {f(e80[1] if e80 else None)} | {f(peers.get('cuDNN'))} | "
               f"{f(peers.get('FA2'))} | {f(peers.get('Flex'))} | {f(best)} | {rs} |")
     if ratios_dense:
         gm = math.exp(sum(math.log(r) for r in ratios_dense) / len(ratios_dense))
-        print(f"\ngeometric mean Escala / best peer over {len(ratios_dense)} dense shapes: {gm:.3f}")
+        print(f"\ngeometric mean Escala / best peer over {len(ratios_dense)} dense shapes: {gm:.3f}; "
+              f"{sum(r >= 1.0 for r in ratios_dense)} of them >= 1.0")
     if len(rounds) > 1 and not args.no_peers:
         per_round = []
         for esc, _, peers in rounds:
