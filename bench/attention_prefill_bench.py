@@ -14,8 +14,9 @@ for it (FA2 always writes it).
 --lse times Escala writing its LSE too (one float per row and head, [tokens, heads] layout).
 
 With --rounds N the whole set (Escala, then the peers) is timed N times in turn and each figure is
-the median over the rounds; the geometric mean of each round is printed too, so that a table shows
-how far one call of the benchmark moves on the machine it ran on.
+the median over the rounds; the geometric mean of each round and each round's own figures are
+printed too, so that a table shows how far one call of the benchmark moves on the machine it ran on,
+and on whose side.
 
 Usage: python3 bench/attention_prefill_bench.py --bin build/tests/escala_gpu_tests [--reps 30] [--rounds 2]
 """
@@ -215,6 +216,16 @@ def main():
             if logs:
                 per_round.append(math.exp(sum(logs) / len(logs)))
         print("geometric mean per round: " + ", ".join(f"{g:.3f}" for g in per_round))
+        # Each round's own figures, so that a move between rounds shows whose it was.
+        print("\nper round, Escala / best peer (TFLOP/s):")
+        print("| shape | " + " | ".join(f"round {i + 1}" for i in range(len(rounds))) + " |")
+        print("|---|" + "---|" * len(rounds))
+        for s in shape_list:
+            cells = []
+            for esc, _, peers in rounds:
+                best = max([v for v in peers[s[0]].values() if v], default=None)
+                cells.append(f"{f(esc[s[0]][1] if esc.get(s[0]) else None)} / {f(best)}")
+            print(f"| {s[0]} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
