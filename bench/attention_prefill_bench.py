@@ -148,7 +148,7 @@ def main():
     ap.add_argument("--sm80", action="store_true", help="also time the portable sm_80 kernel")
     ap.add_argument("--extra", action="store_true", help="also head dims 96, 192 and 192/128 (outside the grid)")
     ap.add_argument("--lse", action="store_true", help="Escala writes its LSE too (the peers do not)")
-    # Four rounds by default: in every multi-round table so far the peers' first round read 2-4%
+    # Four rounds by default: in every multi-round table so far the peers' first round read 3-4%
     # faster (geomean) than their later ones, most at S = 1k, while Escala's rounds agree within 1%;
     # a median over four rounds drops one such round, a median over two is their mean.
     ap.add_argument("--rounds", type=int, default=4,
