@@ -139,6 +139,11 @@ def run_peers(shape, reps, flex_cache, args, modes):
     return out
 
 
+def best_peer(peers):
+    """The fastest peer's TFLOP/s among those that ran the shape (None where none did)."""
+    return max([v for v in peers.values() if v], default=None)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True, help="escala_gpu_tests binary")
@@ -202,8 +207,7 @@ def main():
     f = lambda x: f"{x:.0f}" if x else "n/a"
     for s, e, peers, e80 in rows:
         et = e[1] if e else None
-        vals = {k: v for k, v in peers.items() if v}
-        best = max(vals.values()) if vals else None
+        best = best_peer(peers)
         ratio = et / best if (et and best) else None
         if ratio and in_dense_grid(s):
             ratios_dense.append(ratio)
@@ -219,7 +223,7 @@ def main():
         for esc, _, peers in rounds:
             logs = []
             for s in shape_list:
-                best = max([v for v in peers[s[0]].values() if v], default=None)
+                best = best_peer(peers[s[0]])
                 if esc.get(s[0]) and best and in_dense_grid(s):
                     logs.append(math.log(esc[s[0]][1] / best))
             if logs:
@@ -232,7 +236,7 @@ def main():
         for s in shape_list:
             cells = []
             for esc, _, peers in rounds:
-                best = max([v for v in peers[s[0]].values() if v], default=None)
+                best = best_peer(peers[s[0]])
                 cells.append(f"{f(esc[s[0]][1] if esc.get(s[0]) else None)} / {f(best)}")
             print(f"| {s[0]} | " + " | ".join(cells) + " |")
 
