@@ -13,8 +13,9 @@ when an input needs a gradient, and FlexAttention stores it only for a gradient 
 for it (FA2 always writes it).
 --lse times Escala writing its LSE too (one float per row and head, [tokens, heads] layout).
 
-With --rounds N the whole set (Escala, then the peers) is timed N times in turn and each figure is
-the median over the rounds; the geometric mean of each round and each round's own figures are
+With --rounds N (4 by default) the whole set (Escala, then the peers) is timed N times in turn,
+after one pass of the peers that is discarded (--no-pre-round skips it), and each figure is the
+median over the rounds; the geometric mean of each round and each round's own figures are
 printed too, so that a table shows how far one call of the benchmark moves on the machine it ran on,
 and on whose side.
 
@@ -153,15 +154,17 @@ def main():
     ap.add_argument("--sm80", action="store_true", help="also time the portable sm_80 kernel")
     ap.add_argument("--extra", action="store_true", help="also head dims 96, 192 and 192/128 (outside the grid)")
     ap.add_argument("--lse", action="store_true", help="Escala writes its LSE too (the peers do not)")
-    # Four rounds by default: in every multi-round table so far the peers' first round read 3-4%
-    # faster (geomean) than their later ones, most at S = 1k, while Escala's rounds agree within 1%;
-    # a median over four rounds drops one such round, a median over two is their mean.
+    # Four rounds by default, after a discarded pre-round of the peers. In every table without the
+    # pre-round the peers' first round read 3-4% faster (geomean) than their later ones, most at
+    # S = 1k, while Escala's rounds agree within 1%: in that round PyTorch builds each shape's graphs
+    # and compiles FlexAttention, so the GPU idles before each shape's warm-up. With the pre-round
+    # (session 35) the first round read as the others (geomeans 1.076 / 1.077 / 1.080 / 1.082).
     ap.add_argument("--rounds", type=int, default=4,
                     help="time Escala and the peers this many times, alternating; each figure is the median over "
                          "the rounds (the machines lent move by several percent from one call to the next)")
-    ap.add_argument("--pre-round", action="store_true",
+    ap.add_argument("--pre-round", action=argparse.BooleanOptionalAction, default=True,
                     help="time the peers once before the rounds and discard it (their graphs built and "
-                         "FlexAttention compiled before any figure is kept)")
+                         "FlexAttention compiled before any figure is kept; default on)")
     add_timing_args(ap)
     args = ap.parse_args()
 
@@ -198,6 +201,8 @@ def main():
     except Exception:
         gpu = "?"
     over = f"; median over {len(rounds)} rounds" if len(rounds) > 1 else ""
+    if args.pre_round and not args.no_peers:
+        over += " after a discarded pre-round of the peers"
     print(f"\n# CUDA prefill, bf16, TFLOP/s over visible pairs (2*(d+dv)*pairs*h*B); {gpu}; "
           f"Escala {'with' if args.lse else 'without'} LSE; median of {args.reps} "
           f"{describe(args)}{over}; peers timed as: {', '.join(sorted(modes)) or '-'}")
