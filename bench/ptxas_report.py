@@ -9,6 +9,8 @@ registers). docs/cuda_notes.md's "Compiler report" table is made from it.
 Usage (from the repository root, after a CUDA build that wrote compile_commands.json):
   python3 bench/ptxas_report.py [--build build-cuda] [--sass] [--filter REGEX] FILE.cu ...
 e.g. python3 bench/ptxas_report.py --sass fwd_sm90_hd128.cu fwd_sm90_hd256.cu
+With --loop-dir DIR each kernel's key-tile loop goes to a file, registers and branch targets
+blanked: `diff -r` of two builds' folders shows whether a change re-scheduled the loop.
 
 Each file is compiled once for sm_90a alone (its compile_commands.json line, other targets
 dropped); --sass compiles it once more to a cubin for cuobjdump (PyPI's nvidia-cuda-cuobjdump
@@ -79,50 +81,64 @@ def spills_in_wgmma_range(entry, tmp):
     sass, error = sass_text(shutil.which("cuobjdump"), cubin)
     if sass is None:
         sys.exit(f"cuobjdump -sass failed: {error}")
-    result = {}
-    for name, (ops, back) in kernel_ops(sass).items():
+    result, loops = {}, {}
+    for name, (ops, back, text) in kernel_ops(sass).items():
         gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
         spill = [i for i, op in enumerate(ops) if op.startswith(("STL", "LDL"))]
         inside = [i for i in spill if gmma and gmma[0] <= i <= gmma[-1]]
         result[name] = (len(spill), len(inside)) + issue_block(ops, back)
-    return result
+        latch = loop_range(ops, back)
+        loops[name] = text[latch[0] : latch[1] + 1] if latch else []
+    return result, loops
 
 
 def kernel_ops(sass):
-    """cuobjdump -sass text -> {mangled kernel name: (its opcodes in order, predicates dropped, and
-    its predicated backward branches as (target index, branch index) pairs: loop latches; the
-    unconditional ones are an endless loop's or a barrier-retry stub's jump back). Instructions
-    are 16 bytes; a branch's target is the kernel-relative byte offset after BRA."""
+    """cuobjdump -sass text -> {mangled kernel name: (its opcodes in order, predicates dropped; its
+    predicated backward branches as (target index, branch index) pairs: loop latches (the
+    unconditional ones are an endless loop's or a barrier-retry stub's jump back); and each
+    instruction whole with its register and predicate numbers and branch targets blanked, so that
+    two builds' schedules can be diffed). Instructions are 16 bytes; a branch's target is the
+    kernel-relative byte offset after BRA."""
     kernels = {}
     insn = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
     for block in re.split(r"\n\s*Function : ", sass)[1:]:
         name = block.split("\n", 1)[0].strip()
-        ops, back = [], []
+        ops, back, text = [], [], []
         for m in insn.finditer(block):
             i = int(m.group(1), 16) // 16
             ops.append(m.group(3))
             target = re.match(r"\s*0x([0-9a-f]+)", m.group(4)) if m.group(3).startswith("BRA") else None
             if m.group(2) and target and int(target.group(1), 16) // 16 <= i:
                 back.append((int(target.group(1), 16) // 16, i))
-        kernels[name] = (ops, back)
+            whole = (m.group(2) or "") + m.group(3) + m.group(4)
+            whole = re.sub(r"\bU?P[0-6T]\b", "P", re.sub(r"\bU?R(\d+|Z)\b(\.reuse)?", "R", whole))
+            text.append(re.sub(r"\b0x[0-9a-f]+$", "", whole.rstrip()) if target else whole.rstrip())
+        kernels[name] = (ops, back, text)
     return kernels
+
+
+def loop_range(ops, back):
+    """The key-tile loop as (first, last) instruction index: the innermost predicated backward
+    branch around wgmma (so an item boundary with more wgmma than the loop, as a cross-item
+    overlap has, is not taken for it); None where no such branch exists."""
+    gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
+    loops = [(lo, hi) for lo, hi in back if any(lo <= i <= hi for i in gmma)]
+    return min(loops, key=lambda r: r[1] - r[0]) if loops else None
 
 
 def issue_block(ops, back):
     """The key-tile loop's wait-and-issue block: from the first of the two mbarrier waits (K tile i,
-    V tile i-1) before the loop's first wgmma to its last wgmma. The loop is the innermost
-    predicated backward branch around wgmma (so an item boundary with more wgmma than the loop, as
-    a cross-item overlap has, is not taken for it), else the largest cluster of wgmma. Returns the
+    V tile i-1) before the loop's first wgmma to its last wgmma. The loop is loop_range's, else
+    the largest cluster of wgmma. Returns the
     block's instruction count and its R2UR count: a non-zero R2UR count means the compiler keeps
     the wgmma descriptors or ring counters in per-thread registers (it lost their uniformity),
     which cost 2-14% where it happened (docs/cuda_notes.md, step 74)."""
     gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
     if not gmma:
         return (0, 0)
-    loops = [(lo, hi) for lo, hi in back if any(lo <= i <= hi for i in gmma)]
-    if loops:
-        lo, hi = min(loops, key=lambda r: r[1] - r[0])
-        loop = [i for i in gmma if lo <= i <= hi]
+    latch = loop_range(ops, back)
+    if latch:
+        loop = [i for i in gmma if latch[0] <= i <= latch[1]]
     else:
         clusters = [[gmma[0]]]
         for i in gmma[1:]:
@@ -143,6 +159,9 @@ def main():
     ap.add_argument("--build", default="build-cuda", help="the CUDA build directory")
     ap.add_argument("--sass", action="store_true", help="also count spill instructions inside the wgmma range")
     ap.add_argument("--filter", default="", help="only kernels whose demangled name matches this regex")
+    ap.add_argument("--loop-dir", help="with --sass: write each kernel's key-tile loop, registers and targets "
+                                       "blanked, to DIR/<kernel>.sass, for `diff -r` against another build's "
+                                       "(a change outside the loop can re-schedule it: cuda_notes step 152)")
     args = ap.parse_args()
     entries = json.load(open(os.path.join(args.build, "compile_commands.json")))
     if args.sass and shutil.which("cuobjdump") is None:
@@ -156,7 +175,7 @@ def main():
             sys.exit(f"{f}: not in {args.build}/compile_commands.json")
         with tempfile.TemporaryDirectory() as tmp:
             info = ptxas_info(matches[0], tmp)
-            sass = spills_in_wgmma_range(matches[0], tmp) if args.sass else {}
+            sass, loops = spills_in_wgmma_range(matches[0], tmp) if args.sass else ({}, {})
         for mangled, row in info.items():
             name = short_name(mangled)
             if args.filter and not re.search(args.filter, name):
@@ -166,6 +185,11 @@ def main():
             if args.sass:
                 total, inside, block, r2ur = sass.get(mangled, (0, 0, 0, 0))
                 line += f" {total} ({inside}) | {block} ({r2ur}) |"
+                if args.loop_dir:
+                    os.makedirs(args.loop_dir, exist_ok=True)
+                    path = os.path.join(args.loop_dir, re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") + ".sass")
+                    with open(path, "w") as f:
+                        f.write("\n".join(loops.get(mangled, [])) + "\n")
             print(line)
 
 

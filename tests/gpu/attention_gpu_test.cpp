@@ -274,6 +274,33 @@ TEST(AttentionCuda, SlidingWindows) {
     }
 }
 
+// Causal bands whose width is a multiple of the 128-key tile (window_left = 128 k - 1, as the usual
+// 4096-key window): a query tile aligned to the key tiles then sees its diagonal tile at offsets
+// <= r (row r) and its window's left-edge tile at offsets > r, the case an edge-tile optimisation
+// would take (cuda_notes steps 152, 154). Appends whose offset is a multiple of 128 and one that
+// is not, a soft-cap, fp16, widths of one tile and two.
+TEST(AttentionCuda, TileAlignedWindows) {
+  struct W {
+    int wl, wr;
+    bool causal;
+    int q_len, kv_len;
+    DType dt;
+    float softcap;
+  };
+  const W cases[] = {{255, 0, true, 1000, 1000, DType::kBF16, 0.0f},  {511, 0, false, 1000, 1000, DType::kF16, 0.0f},
+                     {255, -1, true, 616, 1000, DType::kBF16, 0.0f},  {383, 0, true, 600, 1000, DType::kBF16, 0.0f},
+                     {255, 0, true, 1000, 1000, DType::kBF16, 30.0f}, {127, 0, true, 1000, 1000, DType::kBF16, 0.0f}};
+  for (const W& w : cases)
+    for (int d : {64, 128}) {
+      Case c;
+      c.q_lens = {w.q_len, 129};
+      c.kv_lens = {w.kv_len, 300};
+      c.h = 4, c.hk = 2, c.d = d, c.dt = w.dt, c.causal = w.causal, c.wl = w.wl, c.wr = w.wr, c.softcap = w.softcap;
+      c.seed = 450 + w.wl + d + w.q_len;
+      check_case(c);
+    }
+}
+
 TEST(AttentionCuda, SinksWithWindows) {
   struct S {
     int sinks, wl, wr;
