@@ -129,10 +129,10 @@ def loop_range(ops, back):
 def issue_block(ops, back):
     """The key-tile loop's wait-and-issue block: from the first of the two mbarrier waits (K tile i,
     V tile i-1) before the loop's first wgmma to its last wgmma. The loop is loop_range's, else
-    the largest cluster of wgmma. Returns the
-    block's instruction count and its R2UR count: a non-zero R2UR count means the compiler keeps
-    the wgmma descriptors or ring counters in per-thread registers (it lost their uniformity),
-    which cost 2-14% where it happened (docs/cuda_notes.md, step 74)."""
+    the largest cluster of wgmma. Returns the block's instruction count and its R2UR count: a
+    non-zero R2UR count means the compiler keeps the wgmma descriptors or ring counters in
+    per-thread registers (it lost their uniformity), which cost 2-14% where it happened
+    (docs/cuda_notes.md, step 74)."""
     gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
     if not gmma:
         return (0, 0)

@@ -277,8 +277,8 @@ TEST(AttentionCuda, SlidingWindows) {
 // Causal bands whose width is a multiple of the 128-key tile (window_left = 128 k - 1, as the usual
 // 4096-key window): a query tile aligned to the key tiles then sees its diagonal tile at offsets
 // <= r (row r) and its window's left-edge tile at offsets > r, the case an edge-tile optimisation
-// would take (cuda_notes steps 152, 154). Appends whose offset is a multiple of 128 and one that
-// is not, a soft-cap, fp16, widths of one tile and two.
+// would take (cuda_notes steps 152, 154). Widths of one to four tiles, appends whose offset is a
+// multiple of 128 and one that is not, a soft-cap, fp16.
 TEST(AttentionCuda, TileAlignedWindows) {
   struct W {
     int wl, wr;
