@@ -112,7 +112,7 @@ def kernel_ops(sass):
                 back.append((int(target.group(1), 16) // 16, i))
             whole = (m.group(2) or "") + m.group(3) + m.group(4)
             whole = re.sub(r"\bU?P[0-6T]\b", "P", re.sub(r"\bU?R(\d+|Z)\b(\.reuse)?", "R", whole))
-            text.append(re.sub(r"\b0x[0-9a-f]+$", "", whole.rstrip()) if target else whole.rstrip())
+            text.append((re.sub(r"\b0x[0-9a-f]+$", "", whole.rstrip()) if target else whole).rstrip())
         kernels[name] = (ops, back, text)
     return kernels
 

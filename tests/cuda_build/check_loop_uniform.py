@@ -72,7 +72,7 @@ def main():
             if sass is None:
                 print(f"SKIPPED: cuobjdump -sass failed ({error}; pip install nvidia-cuda-nvdisasm)")
                 sys.exit(77)
-            for mangled, (ops, back) in kernel_ops(sass).items():
+            for mangled, (ops, back, _) in kernel_ops(sass).items():
                 if "fwd_sm90_kernel" in mangled:
                     kernels[mangled] = issue_block(ops, back)
     if not kernels:

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """bench/ptxas_report.py's issue_block on synthetic SASS: it must take the key-tile loop (the
 innermost predicated backward branch around wgmma), not a larger wgmma block at the item boundary
-or a barrier-retry stub's jump back, and count the R2UR in that loop's wait-and-issue block.
+or a barrier-retry stub's jump back, and count the R2UR in that loop's wait-and-issue block; and
+loop_range's instructions (what --loop-dir writes) must be that loop's, with register and
+predicate numbers and branch targets blanked.
 Usage: test_issue_block.py PROJECT_SOURCE_DIR (no GPU, no cuobjdump)."""
 import os
 import sys
@@ -38,19 +40,29 @@ def kernel(loop_r2ur):
 
 def main():
     sys.path.insert(0, os.path.join(sys.argv[1], "bench"))
-    from ptxas_report import issue_block, kernel_ops
+    from ptxas_report import issue_block, kernel_ops, loop_range
 
     failures = []
     for loop_r2ur in (0, 5):
-        (ops, back), = kernel_ops(kernel(loop_r2ur)).values()
+        (ops, back, text), = kernel_ops(kernel(loop_r2ur)).values()
         length, r2ur = issue_block(ops, back)
         want = (2 + loop_r2ur + 16, loop_r2ur)  # the two waits, the R2UR, the 16 wgmma
         if (length, r2ur) != want:
             failures.append(f"loop with {loop_r2ur} R2UR: issue_block gave {(length, r2ur)}, want {want}")
+        # The tile loop runs from K tile i's wait (index 5) to its latch.
+        lo, hi = loop_range(ops, back)
+        want_range = (5, 5 + 2 + loop_r2ur + 16 + 20)
+        if (lo, hi) != want_range:
+            failures.append(f"loop with {loop_r2ur} R2UR: loop_range gave {(lo, hi)}, want {want_range}")
+        loop = text[lo : hi + 1]
+        want_ends = ("SYNCS.PHASECHK.TRANS64.TRYWAIT P, [R+0x10], R", "@!P BRA")
+        if (loop[0], loop[-1]) != want_ends:
+            failures.append(f"loop text ends {(loop[0], loop[-1])}, want {want_ends}")
     for f in failures:
         print("FAIL:", f)
     if not failures:
-        print("ok: the tile loop is found by its latch; the boundary and the retry stub are not taken for it")
+        print("ok: the tile loop is found by its latch (the boundary and the retry stub are not taken for it), "
+              "its text blanked")
     sys.exit(1 if failures else 0)
 
 
