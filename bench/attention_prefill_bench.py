@@ -233,7 +233,8 @@ def main():
                     logs.append(math.log(esc[s[0]][1] / best))
             if logs:
                 per_round.append(math.exp(sum(logs) / len(logs)))
-        print("geometric mean per round: " + ", ".join(f"{g:.3f}" for g in per_round))
+        if per_round:  # (none where --filter leaves no dense shape)
+            print("geometric mean per round: " + ", ".join(f"{g:.3f}" for g in per_round))
         # Each round's own figures, so that a move between rounds shows whose it was.
         print("\nper round, Escala / best peer (TFLOP/s):")
         print("| shape | " + " | ".join(f"round {i + 1}" for i in range(len(rounds))) + " |")
