@@ -172,7 +172,8 @@ def main():
     flex_cache = {}
     modes = set()  # how each peer's samples were launched
     rounds = []  # per round: (Escala, Escala sm80, peers by shape)
-    if args.pre_round and not args.no_peers:
+    pre_round = args.pre_round and not args.no_peers
+    if pre_round:
         for s in shape_list:
             run_peers(s, args.reps, flex_cache, args, set())
     for _ in range(max(1, args.rounds)):
@@ -201,7 +202,7 @@ def main():
     except Exception:
         gpu = "?"
     over = f"; median over {len(rounds)} rounds" if len(rounds) > 1 else ""
-    if args.pre_round and not args.no_peers:
+    if pre_round:
         over += " after a discarded pre-round of the peers"
     print(f"\n# CUDA prefill, bf16, TFLOP/s over visible pairs (2*(d+dv)*pairs*h*B); {gpu}; "
           f"Escala {'with' if args.lse else 'without'} LSE; median of {args.reps} "

@@ -164,6 +164,10 @@ def main():
                                        "(a change outside the loop can re-schedule it: cuda_notes step 152)")
     args = ap.parse_args()
     entries = json.load(open(os.path.join(args.build, "compile_commands.json")))
+    if args.loop_dir and not args.sass:
+        sys.exit("--loop-dir needs --sass")
+    if args.loop_dir:
+        os.makedirs(args.loop_dir, exist_ok=True)
     if args.sass and shutil.which("cuobjdump") is None:
         sys.exit("--sass needs cuobjdump on the PATH")
     print("| kernel | registers | spill stores / loads (bytes) |"
@@ -186,7 +190,6 @@ def main():
                 total, inside, block, r2ur = sass.get(mangled, (0, 0, 0, 0))
                 line += f" {total} ({inside}) | {block} ({r2ur}) |"
                 if args.loop_dir:
-                    os.makedirs(args.loop_dir, exist_ok=True)
                     path = os.path.join(args.loop_dir, re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") + ".sass")
                     with open(path, "w") as f:
                         f.write("\n".join(loops.get(mangled, [])) + "\n")
