@@ -96,8 +96,8 @@ def kernel_ops(sass):
     """cuobjdump -sass text -> {mangled kernel name: (its opcodes in order, predicates dropped; its
     predicated backward branches as (target index, branch index) pairs: loop latches (the
     unconditional ones are an endless loop's or a barrier-retry stub's jump back); and each
-    instruction whole with its register and predicate numbers and branch targets blanked, so that
-    two builds' schedules can be diffed). Instructions are 16 bytes; a branch's target is the
+    instruction whole with its register and predicate numbers and control-flow targets blanked, so
+    that two builds' schedules can be diffed). Instructions are 16 bytes; a branch's target is the
     kernel-relative byte offset after BRA."""
     kernels = {}
     insn = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
@@ -112,7 +112,10 @@ def kernel_ops(sass):
                 back.append((int(target.group(1), 16) // 16, i))
             whole = (m.group(2) or "") + m.group(3) + m.group(4)
             whole = re.sub(r"\bU?P[0-6T]\b", "P", re.sub(r"\bU?R(\d+|Z)\b(\.reuse)?", "R", whole))
-            text.append((re.sub(r"\b0x[0-9a-f]+$", "", whole.rstrip()) if target else whole).rstrip())
+            # Every control-flow target (BRA with or without a predicate operand, BSSY's
+            # reconvergence point, CALL): an absolute address that moves with any code before it.
+            jumps = m.group(3).startswith(("BRA", "BSSY", "CALL", "JMP"))
+            text.append((re.sub(r"\b0x[0-9a-f]+$", "", whole.rstrip()) if jumps else whole).rstrip())
         kernels[name] = (ops, back, text)
     return kernels
 

@@ -3,7 +3,7 @@
 innermost predicated backward branch around wgmma), not a larger wgmma block at the item boundary
 or a barrier-retry stub's jump back, and count the R2UR in that loop's wait-and-issue block; and
 loop_range's instructions (what --loop-dir writes) must be that loop's, with register and
-predicate numbers and branch targets blanked.
+predicate numbers and control-flow targets (branches, reconvergence points) blanked.
 Usage: test_issue_block.py PROJECT_SOURCE_DIR (no GPU, no cuobjdump)."""
 import os
 import sys
@@ -27,6 +27,7 @@ def kernel(loop_r2ur):
     body += ["R2UR UR8, R8"] * loop_r2ur
     body += ["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], R24"] * 16
     body += ["FMUL R1, R1, R2"] * 20
+    body += [f"BSSY B0, 0x{16 * (len(body) + 2):x}", "FMUL R1, R1, R2"]  # a reconvergence point
     body += [f"@!P0 BRA 0x{16 * tile_head:x}"]               # the tile loop's latch
     boundary_wait = len(body)
     body += ["SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x40], R4"]
@@ -51,13 +52,15 @@ def main():
             failures.append(f"loop with {loop_r2ur} R2UR: issue_block gave {(length, r2ur)}, want {want}")
         # The tile loop runs from K tile i's wait (index 5) to its latch.
         lo, hi = loop_range(ops, back)
-        want_range = (5, 5 + 2 + loop_r2ur + 16 + 20)
+        want_range = (5, 5 + 2 + loop_r2ur + 16 + 22)
         if (lo, hi) != want_range:
             failures.append(f"loop with {loop_r2ur} R2UR: loop_range gave {(lo, hi)}, want {want_range}")
         loop = text[lo : hi + 1]
         want_ends = ("SYNCS.PHASECHK.TRANS64.TRYWAIT P, [R+0x10], R", "@!P BRA")
         if (loop[0], loop[-1]) != want_ends:
             failures.append(f"loop text ends {(loop[0], loop[-1])}, want {want_ends}")
+        if "BSSY B0," not in loop:  # its target is an address that moves with any code before it
+            failures.append(f"the loop's BSSY target not blanked: {[t for t in loop if t.startswith('BSSY')]}")
     for f in failures:
         print("FAIL:", f)
     if not failures:
