@@ -29,10 +29,13 @@ __device__ __forceinline__ void apply_softcap(float (&s)[kNT][4], float scale, f
 
 // Soft-cap in raw units (s <- cap/scale * tanh(s * scale/cap)), then -inf where the mask hides
 // the key. `row0` is the aligned query position of row g; keys of the tile start at k_lo.
-template <int kNT>
+// kSinksSoftcap = false: for calls with neither sinks nor a soft-cap (the caller checks), without
+// the code for them (the soft-cap's tanh and the general mask test, ~1300 instructions in the
+// sm_90 d = 128 key-tile loop, which they lengthened from 1009 to 2298: cuda_notes step 158).
+template <int kNT, bool kSinksSoftcap = true>
 __device__ __forceinline__ void transform_and_mask(float (&s)[kNT][4], const FwdParams& p, bool needs_mask,
                                                    int64_t row0, int k_lo, int kv_len, int t4) {
-  if (p.softcap > 0.0f) {
+  if (kSinksSoftcap && p.softcap > 0.0f) {
     const float in = p.scale / p.softcap, out = p.softcap / p.scale;
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
@@ -64,7 +67,7 @@ __device__ __forceinline__ void transform_and_mask(float (&s)[kNT][4], const Fwd
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         if (static_cast<uint32_t>(k_lo + j * 8 + 2 * t4 + (e & 1)) - lo[e / 2] >= n[e / 2]) s[j][e] = -INFINITY;
-  } else if (needs_mask) {
+  } else if (kSinksSoftcap && needs_mask) {  // sink tiles: without sinks every key is >= num_sinks = 0
     const RowMask rm[2] = {RowMask(p.mask, row0, kv_len), RowMask(p.mask, row0 + 8, kv_len)};
 #pragma unroll
     for (int j = 0; j < kNT; ++j)

@@ -112,12 +112,20 @@ struct Sm90Config {
   static constexpr int kSinkKeys = 16;
   static_assert(kConsumers != 2 || 128 * kSplitProducerRegs + 256 * kSplitConsumerRegs <= kLaunchRegs * kThreads,
                 "register budget");
+  // Dense calls with neither sink tokens nor a soft-cap run an instantiation without their code
+  // (transform_and_mask's kSinksSoftcap; learned sink logits are the epilogue's and run on both):
+  // in the d = 128 kernel that code was 56% of the key-tile loop's instructions (2298 -> 1009)
+  // without being run there, and taking it out measured 0.8-2.1% faster on every such d = 128
+  // shape (window 4096 1.6%; cuda_notes step 158). The other head dims keep one instantiation
+  // (not measured; their loops carry the same code).
+  static constexpr bool kPlainVariant = DQK == 128 && DV == 128 && kConsumers == 2;
 };
 
 // kSplitPaged: the variant for paged K/V and split-KV (the plain variant has neither, so their
 // code and registers stay out of the dense prefill path; measured: one kernel for both cost
-// 3-25% on the dense shapes).
-template <class Cfg, bool kSplitPaged>
+// 3-25% on the dense shapes). kSinksSoftcap = false: a dense kernel for calls with neither sinks
+// nor a soft-cap (Sm90Config::kPlainVariant).
+template <class Cfg, bool kSplitPaged, bool kSinksSoftcap = true>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_sm90_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q,
                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
@@ -570,7 +578,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int tile = tile_of(it, skip + i);
       const bool needs_mask = kLeanTile ? !visible.has(tile)
                                         : !tile_fully_visible(p.mask, it.qp_min, it.qp_max, tile * BN, BN, it.kv_len);
-      transform_and_mask(sacc, p, needs_mask, qpos0, tile * BN, it.kv_len, t4);
+      transform_and_mask<kNT, kSinksSoftcap>(sacc, p, needs_mask, qpos0, tile * BN, it.kv_len, t4);
       softmax_update<kNT, kLazyRescale, false, kSumsInPV>(sacc, row_max, row_sum, p.scale_log2, alpha);
     };
     // Paged K/V: the V rows of tile i past the sequence's end hold whatever the pool has there
@@ -731,7 +739,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         mbar_arrive(empty_k(s));
         mbar_arrive(q_empty);
         float alpha[2];
-        transform_and_mask(sacc_sink, p, true, qpos0, 0, it.kv_len, t4);
+        transform_and_mask<kSinkNT, kSinksSoftcap>(sacc_sink, p, true, qpos0, 0, it.kv_len, t4);
         softmax_update<kSinkNT, kLazyRescale>(sacc_sink, row_max, row_sum, p.scale_log2, alpha);
         wgmma_wait<0>();
         reg_fence(o_acc);

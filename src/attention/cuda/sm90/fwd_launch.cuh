@@ -20,6 +20,8 @@ inline bool split_paged_call(const FwdParams& p) { return p.page_size > 0 || p.n
 template <class Cfg, bool kSplitPaged>
 cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e, cudaStream_t stream) {
   auto kernel = fwd_sm90_kernel<Cfg, kSplitPaged>;
+  if constexpr (Cfg::kPlainVariant && !kSplitPaged)
+    if (p.mask.num_sinks == 0 && !(p.softcap > 0.0f)) kernel = fwd_sm90_kernel<Cfg, false, false>;
   // A build without sm_90a code (e.g. CMAKE_CUDA_ARCHITECTURES=80) has an empty body here: refuse,
   // so that the dispatcher falls back to the sm_80 kernel.
   cudaFuncAttributes attr{};
