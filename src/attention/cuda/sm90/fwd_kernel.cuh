@@ -116,8 +116,8 @@ struct Sm90Config {
   // (transform_and_mask's kSinksSoftcap; learned sink logits are the epilogue's and run on both):
   // in the d = 128 kernel that code was 56% of the key-tile loop's instructions (2298 -> 1009)
   // without being run there, and taking it out measured 0.7-2.1% faster on every such d = 128
-  // shape in two runs (window 4096 0.7 / 1.6%; cuda_notes step 158). The other head dims keep one instantiation
-  // (not measured; their loops carry the same code).
+  // shape in two runs (window 4096 0.7 / 1.6%; cuda_notes step 158). The other head dims keep
+  // one instantiation (not measured; their loops carry the same code).
   static constexpr bool kPlainVariant = DQK == 128 && DV == 128 && kConsumers == 2;
 };
 
