@@ -9,7 +9,7 @@ registers). docs/cuda_notes.md's "Compiler report" table is made from it.
 Usage (from the repository root, after a CUDA build that wrote compile_commands.json):
   python3 bench/ptxas_report.py [--build build-cuda] [--sass] [--filter REGEX] FILE.cu ...
 e.g. python3 bench/ptxas_report.py --sass fwd_sm90_hd128.cu fwd_sm90_hd256.cu
-With --loop-dir DIR each kernel's key-tile loop goes to a file, registers and branch targets
+With --loop-dir DIR each kernel's key-tile loop goes to a file, registers and control-flow targets
 blanked: `diff -r` of two builds' folders shows whether a change re-scheduled the loop.
 
 Each file is compiled once for sm_90a alone (its compile_commands.json line, other targets
