@@ -10,7 +10,12 @@ Usage (from the repository root, after a CUDA build that wrote compile_commands.
   python3 bench/ptxas_report.py [--build build-cuda] [--sass] [--filter REGEX] FILE.cu ...
 e.g. python3 bench/ptxas_report.py --sass fwd_sm90_hd128.cu fwd_sm90_hd256.cu
 With --loop-dir DIR each kernel's key-tile loop goes to a file, registers and control-flow targets
-blanked: `diff -r` of two builds' folders shows whether a change re-scheduled the loop.
+blanked: `diff -r` of two builds' folders shows whether a change re-scheduled the loop. --sass also
+gives the loop's first byte and that offset mod 128: with the loop's code unchanged, where it starts
+moved the long shapes by up to 1.5% (docs/cuda_notes.md, step 157). --nvcc-flags adds flags to both
+compiles, e.g. "-DESCALA_SM90_LOOP_PAD=2" (two 16-byte instructions before the sm_90 kernels'
+loops, src/attention/cuda/sm90/fwd_kernel.cuh) to find the pad that puts a build's loop where
+another's is.
 
 Each file is compiled once for sm_90a alone (its compile_commands.json line, other targets
 dropped); --sass compiles it once more to a cubin for cuobjdump (PyPI's nvidia-cuda-cuobjdump
@@ -51,9 +56,9 @@ def short_name(mangled):
     return re.sub(r"\(.*\)$", "", demangled)
 
 
-def ptxas_info(entry, tmp):
+def ptxas_info(entry, tmp, flags=""):
     out = os.path.join(tmp, "x.o")
-    r = subprocess.run(sm90_command(entry, out, "-Xptxas -v"), shell=True, cwd=entry["directory"],
+    r = subprocess.run(sm90_command(entry, out, f"{flags} -Xptxas -v"), shell=True, cwd=entry["directory"],
                        capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(r.stderr[-3000:])
@@ -72,9 +77,11 @@ def ptxas_info(entry, tmp):
     return rows
 
 
-def spills_in_wgmma_range(entry, tmp):
+def spills_in_wgmma_range(entry, tmp, flags=""):
+    """Per kernel: (spill instructions, those inside the wgmma range, issue block length, its R2UR,
+    the key-tile loop's first byte or -1), and the loop's blanked text."""
     cubin = os.path.join(tmp, "x.cubin")
-    cmd = sm90_command(entry, cubin, "-cubin").replace(" -c ", " ")
+    cmd = sm90_command(entry, cubin, f"{flags} -cubin").replace(" -c ", " ")
     r = subprocess.run(cmd, shell=True, cwd=entry["directory"], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(r.stderr[-3000:])
@@ -86,8 +93,8 @@ def spills_in_wgmma_range(entry, tmp):
         gmma = [i for i, op in enumerate(ops) if op.startswith("HGMMA")]
         spill = [i for i, op in enumerate(ops) if op.startswith(("STL", "LDL"))]
         inside = [i for i in spill if gmma and gmma[0] <= i <= gmma[-1]]
-        result[name] = (len(spill), len(inside)) + issue_block(ops, back)
         latch = loop_range(ops, back)
+        result[name] = (len(spill), len(inside)) + issue_block(ops, back) + (16 * latch[0] if latch else -1,)
         loops[name] = text[latch[0] : latch[1] + 1] if latch else []
     return result, loops
 
@@ -162,6 +169,7 @@ def main():
     ap.add_argument("--build", default="build-cuda", help="the CUDA build directory")
     ap.add_argument("--sass", action="store_true", help="also count spill instructions inside the wgmma range")
     ap.add_argument("--filter", default="", help="only kernels whose demangled name matches this regex")
+    ap.add_argument("--nvcc-flags", default="", help="extra nvcc flags for both compiles (e.g. -DNAME=VALUE)")
     ap.add_argument("--loop-dir", help="with --sass: write each kernel's key-tile loop, registers and targets "
                                        "blanked, to DIR/<kernel>.sass, for `diff -r` against another build's "
                                        "(a change outside the loop can re-schedule it: cuda_notes step 152)")
@@ -174,15 +182,16 @@ def main():
     if args.sass and shutil.which("cuobjdump") is None:
         sys.exit("--sass needs cuobjdump on the PATH")
     print("| kernel | registers | spill stores / loads (bytes) |"
-          + (" spill instructions (in wgmma range) | loop issue block (R2UR) |" if args.sass else ""))
-    print("|---|---|---|" + ("---|---|" if args.sass else ""))
+          + (" spill instructions (in wgmma range) | loop issue block (R2UR) | loop start (mod 128) |"
+             if args.sass else ""))
+    print("|---|---|---|" + ("---|---|---|" if args.sass else ""))
     for f in args.files:
         matches = [e for e in entries if e["file"].endswith(f)]
         if not matches:
             sys.exit(f"{f}: not in {args.build}/compile_commands.json")
         with tempfile.TemporaryDirectory() as tmp:
-            info = ptxas_info(matches[0], tmp)
-            sass, loops = spills_in_wgmma_range(matches[0], tmp) if args.sass else ({}, {})
+            info = ptxas_info(matches[0], tmp, args.nvcc_flags)
+            sass, loops = spills_in_wgmma_range(matches[0], tmp, args.nvcc_flags) if args.sass else ({}, {})
         for mangled, row in info.items():
             name = short_name(mangled)
             if args.filter and not re.search(args.filter, name):
@@ -190,8 +199,9 @@ def main():
             stores, loads = row.get("spills", (0, 0))
             line = f"| `{name}` | {row.get('regs', '?')} | {stores} / {loads} |"
             if args.sass:
-                total, inside, block, r2ur = sass.get(mangled, (0, 0, 0, 0))
-                line += f" {total} ({inside}) | {block} ({r2ur}) |"
+                total, inside, block, r2ur, start = sass.get(mangled, (0, 0, 0, 0, -1))
+                where = f"0x{start:x} ({start % 128})" if start >= 0 else "-"
+                line += f" {total} ({inside}) | {block} ({r2ur}) | {where} |"
                 if args.loop_dir:
                     path = os.path.join(args.loop_dir, re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_") + ".sass")
                     with open(path, "w") as f:
