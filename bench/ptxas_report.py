@@ -13,9 +13,9 @@ With --loop-dir DIR each kernel's key-tile loop goes to a file, registers and co
 blanked: `diff -r` of two builds' folders shows whether a change re-scheduled the loop. --sass also
 gives the loop's first byte and that offset mod 128: with the loop's code unchanged, where it starts
 moved the long shapes by up to 1.5% (docs/cuda_notes.md, step 157). --nvcc-flags adds flags to both
-compiles, e.g. "-DESCALA_SM90_LOOP_PAD=2" (two 16-byte instructions before the sm_90 kernels'
-loops, src/attention/cuda/sm90/fwd_kernel.cuh) to find the pad that puts a build's loop where
-another's is.
+compiles, e.g. --nvcc-flags=-DESCALA_SM90_LOOP_PAD=2 (written with "=", as the value starts with
+"-"): two 16-byte instructions before the sm_90 kernels' loops (src/attention/cuda/sm90/
+fwd_kernel.cuh), to find the pad that puts a build's loop where another's is.
 
 Each file is compiled once for sm_90a alone (its compile_commands.json line, other targets
 dropped); --sass compiles it once more to a cubin for cuobjdump (PyPI's nvidia-cuda-cuobjdump
@@ -169,7 +169,7 @@ def main():
     ap.add_argument("--build", default="build-cuda", help="the CUDA build directory")
     ap.add_argument("--sass", action="store_true", help="also count spill instructions inside the wgmma range")
     ap.add_argument("--filter", default="", help="only kernels whose demangled name matches this regex")
-    ap.add_argument("--nvcc-flags", default="", help="extra nvcc flags for both compiles (e.g. -DNAME=VALUE)")
+    ap.add_argument("--nvcc-flags", default="", help="extra nvcc flags for both compiles, as --nvcc-flags=-DNAME=VALUE")
     ap.add_argument("--loop-dir", help="with --sass: write each kernel's key-tile loop, registers and targets "
                                        "blanked, to DIR/<kernel>.sass, for `diff -r` against another build's "
                                        "(a change outside the loop can re-schedule it: cuda_notes step 152)")

@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // 16-byte instructions here, run once per CTA, move the key-tile loop n x 16 bytes on with its
     // code unchanged. Where the loop starts moved S16k by up to 1.5% (cuda_notes step 157), so an
     // A/B of a change that moves it compares both builds with their loops at the same offset (mod
-    // 128: bench/ptxas_report.py --sass --nvcc-flags -DESCALA_SM90_LOOP_PAD=n).
+    // 128: bench/ptxas_report.py --sass --nvcc-flags=-DESCALA_SM90_LOOP_PAD=n).
 #pragma unroll
     for (int i = 0; i < ESCALA_SM90_LOOP_PAD; ++i) asm volatile("nanosleep.u32 0;");
 #endif
