@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds escala_gpu_tests with measurement macros defined in the sm_90 prefill kernel files (e.g.
-# ESCALA_SM90_LOOP_PAD, ESCALA_SM90_IDLE_WAIT_NS) and keeps it gzipped for a device run's carry;
+# ESCALA_SM90_LOOP_PAD) and keeps it xz-compressed for a device run's carry (`xz -dc` there);
 # the sources are restored afterwards, also when the build fails.
 #   scripts/sm90_variant.sh NAME [MACRO=VALUE ...]
 #     BUILD_DIR   a configured CUDA build (default build-cuda)
 #     FILES       the kernel files to define them in (default: every fwd_sm90_hd*.cu)
-# Writes $BUILD_DIR/gpu_carry/NAME.gz (~13 MB; a device run carries at most 64 MiB).
+# Writes $BUILD_DIR/gpu_carry/NAME.xz (~6.7 MB; a device run carries at most 64 MiB).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 [ $# -ge 1 ] || { echo "usage: $0 NAME [MACRO=VALUE ...]" >&2; exit 2; }
@@ -33,6 +33,6 @@ for f in "${files[@]}"; do printf '%s' "$defines" | cat - "$backup/$(basename "$
 CCACHE_DEPEND=1 cmake --build "$BUILD" -j"$(nproc)" --target escala_gpu_tests >"$BUILD/variant_$name.log" 2>&1 ||
   { tail -20 "$BUILD/variant_$name.log"; echo "$0: build failed (log: $BUILD/variant_$name.log)" >&2; exit 1; }
 mkdir -p "$BUILD/gpu_carry"
-gzip -c "$BUILD/tests/escala_gpu_tests" >"$BUILD/gpu_carry/$name.gz.tmp"
-mv "$BUILD/gpu_carry/$name.gz.tmp" "$BUILD/gpu_carry/$name.gz"
-echo "$BUILD/gpu_carry/$name.gz ($(du -h "$BUILD/gpu_carry/$name.gz" | cut -f1)):${defines:+ }$(printf '%s' "$defines" | tr '\n' ';')"
+xz -T0 -6 -c "$BUILD/tests/escala_gpu_tests" >"$BUILD/gpu_carry/$name.xz.tmp"
+mv "$BUILD/gpu_carry/$name.xz.tmp" "$BUILD/gpu_carry/$name.xz"
+echo "$BUILD/gpu_carry/$name.xz ($(du -h "$BUILD/gpu_carry/$name.xz" | cut -f1)):${defines:+ }$(printf '%s' "$defines" | tr '\n' ';')"

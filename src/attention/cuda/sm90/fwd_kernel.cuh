@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // does not hold a claim through a long item while others run dry (the longest-first order
         // balances only if claims follow completion), early enough that the claim, the decode and
         // the hand-over are done when the loader wants the next item's first tile.
-        mbar_wait_idle(claim_go, claims & 1);
+        mbar_wait(claim_go, claims & 1);
         ++claims;
         w = atomicAdd(p.tile_counter, 1) + gridDim.x;
       }

@@ -32,24 +32,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
-// The same wait for a thread off the consumers' critical path (the scheduler's wait for its next
-// claim, which lasts most of an item). Measurement aid, off unless defined:
-// `ESCALA_SM90_IDLE_WAIT_NS` n asks try_wait to suspend the thread up to n ns per try (it still
-// wakes when the phase completes) where the plain wait returned every ~30 cycles and polled
-// ~390 times an item at d = 64 S = 1k, 2.4% of the kernel's issue slots (cuda_notes step 168).
-__device__ __forceinline__ void mbar_wait_idle(uint32_t bar, uint32_t parity) {
-#ifdef ESCALA_SM90_IDLE_WAIT_NS
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity), "n"(ESCALA_SM90_IDLE_WAIT_NS)
-      : "memory");
-#else
-  mbar_wait(bar, parity);
-#endif
-}
-
 // `bytes` contiguous bytes (a multiple of 16, both ends 16-byte aligned) into shared memory,
 // completing on `bar` with its byte count.
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
