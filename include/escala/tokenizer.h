@@ -3,7 +3,8 @@
 // Two vocabulary kinds (tokenizer.ggml.model):
 //  - "gpt2": byte-level BPE. Text is cut into words by the pre-tokenizer named in
 //    tokenizer.ggml.pre, every byte of a word becomes one symbol (GPT-2's byte-to-character
-//    mapping), and adjacent symbols merge by the rank of tokenizer.ggml.merges.
+//    mapping), and adjacent symbols merge by the rank of tokenizer.ggml.merges. A byte the
+//    vocabulary has no token for is left out, as llama.cpp does.
 //  - "llama": SentencePiece-style BPE. Spaces become U+2581, a space is prefixed when
 //    tokenizer.ggml.add_space_prefix says so, adjacent symbols merge by the highest
 //    tokenizer.ggml.scores, and characters without a token fall back to <0xXX> byte tokens.

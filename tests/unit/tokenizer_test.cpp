@@ -229,6 +229,19 @@ TEST(BpeTokenizer, RoundTripRandomUnicodeAndBytes) {
   }
 }
 
+// A byte with no token (SmolLM2 has none for 0x04, 0xF5-0xFF and a few more) is left out of the ids
+// and blocks the merges across it, as in llama.cpp; it does not fail the whole text.
+TEST(BpeTokenizer, BytesWithoutTokensAreLeftOut) {
+  VocabData d = bpe_vocab("gpt2", {"!|!"});
+  d.tokens[4] = "<unused>";  // no token for byte 0x04 now
+  Tokenizer t = make(d);
+  const TokenId bang = t.find_token("!"), bangs = t.find_token("!!");
+  ASSERT_NE(bangs, kNoToken);
+  EXPECT_EQ(enc(t, "!!", {.add_special = false}), (std::vector<TokenId>{bangs}));
+  EXPECT_EQ(enc(t, "!\x04!", {.add_special = false}), (std::vector<TokenId>{bang, bang}));
+  EXPECT_EQ(*t.decode(enc(t, "a\x04" "b\x04", {.add_special = false})), "ab");
+}
+
 // ---- SentencePiece BPE ---------------------------------------------------------------------
 
 TEST(SpmTokenizer, ScoresPrefixAndByteFallback) {

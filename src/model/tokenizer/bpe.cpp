@@ -68,18 +68,16 @@ Status bpe_encode_word(const Tokenizer::Impl& v, std::string_view word, std::vec
       return {};
     }
   }
+  // A byte the vocabulary has no token for (SmolLM2 lacks 0x04, 0xF5-0xFF and a few more) stays a
+  // symbol that never merges and is left out of the ids, as llama.cpp and Hugging Face do: one
+  // stray control character does not make a whole prompt fail.
   std::vector<Symbol> sym(word.size());
-  for (size_t i = 0; i < word.size(); ++i) {
-    const TokenId id = v.byte_tokens[static_cast<uint8_t>(word[i])];
-    if (id == kNoToken)
-      return Status::error(fmt::format("tokenizer: the vocabulary has no token for byte 0x{:02X}",
-                                       static_cast<uint8_t>(word[i])));
-    sym[i] = {id, static_cast<uint32_t>(i), 1, static_cast<int32_t>(i) - 1,
+  for (size_t i = 0; i < word.size(); ++i)
+    sym[i] = {v.byte_tokens[static_cast<uint8_t>(word[i])], static_cast<uint32_t>(i), 1, static_cast<int32_t>(i) - 1,
               i + 1 < word.size() ? static_cast<int32_t>(i + 1) : -1};
-  }
   std::priority_queue<BpePair, std::vector<BpePair>, std::greater<>> heap;
   auto try_pair = [&](int32_t l, int32_t r) {
-    if (l < 0 || r < 0) return;
+    if (l < 0 || r < 0 || sym[l].id == kNoToken || sym[r].id == kNoToken) return;
     auto it = v.merges.find(pair_key(sym[l].id, sym[r].id));
     if (it != v.merges.end()) heap.push({it->second.rank, l, r, sym[l].id, sym[r].id});
   };
@@ -98,7 +96,8 @@ Status bpe_encode_word(const Tokenizer::Impl& v, std::string_view word, std::vec
     try_pair(l.prev, p.left);
     try_pair(p.left, l.next);
   }
-  for (int32_t i = 0; i >= 0; i = sym[i].next) out.push_back(sym[i].id);
+  for (int32_t i = 0; i >= 0; i = sym[i].next)
+    if (sym[i].id != kNoToken) out.push_back(sym[i].id);
   return {};
 }
 
