@@ -63,6 +63,8 @@ CORPUS = [
     "<|im_start|>system\nYou are helpful.<|im_end|>\n<|endoftext|> trailing",
     "text <|im_end|>glued<|im_start|>",
     "Repeated: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+    # Bytes SmolLM2's vocabulary has no token for (U+0004, U+001D, and U+40000's lead byte 0xF1).
+    "control\x04chars\x1d in!\x04!text\x06\x13\x14\x16 and \U00040000 plane four",
     "A longer paragraph. " * 20,
 ]
 

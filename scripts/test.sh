@@ -14,8 +14,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 JOBS="${ESCALA_JOBS:-$(nproc)}"
 # Test names are GoogleTest suite.test; these suites are the npy reader, the KV planner, block
-# manager, streaming and paged attention, and the CLI end-to-end tests.
-SANITIZE_FILTER="${ESCALA_SANITIZE_FILTER:-^(Npy|Kv|Cli)}"
+# manager, streaming and paged attention, the CLI end-to-end tests, and corrupt model files.
+SANITIZE_FILTER="${ESCALA_SANITIZE_FILTER:-^(Npy|Kv|Cli|ModelLoad)}"
 
 # The end-to-end server tests run the default model: fetch it if this checkout lacks it.
 scripts/fetch_model.sh

@@ -321,6 +321,12 @@ Result<ArchParams> read_arch_params(const GgufFile& f) {
   if (!(p.rms_norm_eps > 0))
     return Status::error(fmt::format("gguf: {}.attention.layer_norm_rms_epsilon = {} must be > 0",
                                      arch, p.rms_norm_eps));
+  // Caught here rather than as non-finite K/V at the first forward pass.
+  if (!(p.rope_freq_base > 0))
+    return Status::error(fmt::format("gguf: {}.rope.freq_base = {} must be > 0", arch, p.rope_freq_base));
+  if (p.attn_logit_softcap < 0 || p.final_logit_softcap < 0)
+    return Status::error(fmt::format("gguf: {}'s logit soft-caps ({}, {}) must be >= 0 (0: none)", arch,
+                                     p.attn_logit_softcap, p.final_logit_softcap));
   return p;
 }
 

@@ -112,6 +112,10 @@ Status Model::Impl::load_weights() {
   if (!output) output = embed;  // tied embeddings
   else if (output->n_dims != 2 || output->ne[0] != n || output->ne[1] != info.vocab_size)
     return Status::error("model: output.weight does not match the embedding");
+  // Each layer has at least nine tensors: a corrupt count fails here, before any allocation.
+  if (uint64_t(a.block_count) * 9 > file.tensors().size())
+    return Status::error(fmt::format("model: {}.block_count = {} but the file has only {} tensors", a.arch,
+                                     a.block_count, file.tensors().size()));
   layers.resize(a.block_count);
   for (uint32_t i = 0; i < a.block_count; ++i) {
     LayerWeights& L = layers[i];

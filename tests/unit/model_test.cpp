@@ -4,8 +4,12 @@
 // token-by-token decode, batch == alone, and StreamingLLM running past the context in flat memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -40,7 +44,15 @@ std::vector<float> rand_vec(size_t n, std::mt19937& rng, float lo, float hi) {
   return v;
 }
 
-Weights write_model(const Tiny& t, const std::string& path, std::mt19937& rng) {
+// Changes to a model file for the loader's mutation test: `metadata` edits the keys after they are
+// set; `tensor` may change a tensor's name, type or shape (the data is then random of the new
+// size) or drop it (returns false).
+struct Edits {
+  std::function<void(GgufWriter&)> metadata;
+  std::function<bool(std::string&, TensorType&, std::vector<int64_t>&)> tensor;
+};
+
+Weights write_model(const Tiny& t, const std::string& path, std::mt19937& rng, const Edits& edits = {}) {
   GgufWriter w;
   const std::string a = t.arch;
   w.set("general.architecture", GgufWriteValue::string(a));
@@ -59,9 +71,24 @@ Weights write_model(const Tiny& t, const std::string& path, std::mt19937& rng) {
     w.set(a + ".attn_logit_softcapping", GgufWriteValue::f32(t.attn_cap));
     w.set(a + ".final_logit_softcapping", GgufWriteValue::f32(t.final_cap));
   }
+  if (edits.metadata) edits.metadata(w);
   Weights W;
+  // The edited tensor, when `edits.tensor` changed or dropped it (true: handled here).
+  auto edited = [&](const std::string& name, TensorType type, std::vector<int64_t> ne) {
+    if (!edits.tensor) return false;
+    std::string new_name = name;
+    const TensorType old_type = type;
+    const std::vector<int64_t> old_ne = ne;
+    if (!edits.tensor(new_name, type, ne)) return true;
+    if (new_name == name && type == old_type && ne == old_ne) return false;
+    int64_t count = 1;
+    for (int64_t d : ne) count *= d;
+    (void)w.add_tensor(new_name, type, ne, rand_vec(size_t(count), rng, -1, 1));  // may refuse the shape
+    return true;
+  };
   auto mat = [&](const std::string& name, int cols, int rows, std::vector<float>& dst, float s) {
     dst = rand_vec(size_t(cols) * rows, rng, -s, s);
+    if (edited(name, t.type, {cols, rows})) return;
     EXPECT_TRUE(w.add_tensor(name, t.type, {cols, rows}, dst).ok()) << name;
     // The reference uses what the file holds: quantize-dequantize round trip.
     if (t.type != TensorType::kF32) {
@@ -74,6 +101,7 @@ Weights write_model(const Tiny& t, const std::string& path, std::mt19937& rng) {
   };
   auto vec = [&](const std::string& name, int len, std::vector<float>& dst, float lo, float hi) {
     dst = rand_vec(len, rng, lo, hi);
+    if (edited(name, TensorType::kF32, {len})) return;
     EXPECT_TRUE(w.add_tensor(name, TensorType::kF32, {len}, dst).ok()) << name;
   };
   mat("token_embd.weight", t.n, t.vocab, W.embed, 1.0f);
@@ -352,6 +380,113 @@ TEST(Model, RejectsMissingTensorsAndBadShapes) {
   auto m = Model::load(path, {});
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.message().find("missing"), std::string::npos) << m.message();
+  std::filesystem::remove(path);
+}
+
+
+// Corrupt models: one random change to a valid file's metadata or tensors (a value out of range or
+// of the wrong type, a key gone, a tensor dropped, reshaped or re-typed). Loading must give one
+// clear line of error, or a model whose forward pass gives finite logits. Fresh changes each run;
+// the seed is printed with any failure.
+TEST(ModelLoad, CorruptModelsFailCleanlyOrRun) {
+  const uint32_t seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  const std::vector<std::string> suffixes = {
+      "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+      "attention.head_count_kv", "attention.key_length", "attention.value_length",
+      "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count", "attention.sliding_window",
+      "attn_logit_softcapping", "final_logit_softcapping", "vocab_size"};
+  const std::vector<GgufWriteValue> values = {
+      GgufWriteValue::u32(0), GgufWriteValue::u32(1), GgufWriteValue::u32(3), GgufWriteValue::u32(7),
+      GgufWriteValue::u32(33), GgufWriteValue::u32(100000), GgufWriteValue::u32(0x7FFFFFFFu),
+      GgufWriteValue::u32(0xFFFFFFFFu), GgufWriteValue::i32(-1), GgufWriteValue::u64(1ull << 40),
+      GgufWriteValue::f32(0.0f), GgufWriteValue::f32(-1.0f), GgufWriteValue::f32(1e-30f), GgufWriteValue::f32(1e30f),
+      GgufWriteValue::f32(NAN), GgufWriteValue::f32(INFINITY), GgufWriteValue::string("x"),
+      GgufWriteValue::boolean(true), GgufWriteValue::f64(2.0)};
+  const TensorType types[] = {TensorType::kF16, TensorType::kBF16, TensorType::kQ8_0, TensorType::kQ4_0,
+                              TensorType::kQ4_K, TensorType::kQ6_K};
+  const std::string path = temp_path("corrupt.gguf");
+  int loaded = 0, refused = 0;
+  for (int iter = 0; iter < 120; ++iter) {
+    Tiny t;
+    t.arch = std::vector<std::string>{"llama", "qwen2", "gemma2"}[rng() % 3];
+    Edits e;
+    std::string change;
+    if (rng() % 2 == 0) {
+      const std::string key = rng() % 16 == 0 ? "general.architecture" : t.arch + "." + suffixes[rng() % suffixes.size()];
+      const GgufWriteValue v = values[rng() % values.size()];
+      change = key + " := value of type " + std::to_string(int(v.type)) + " (u " + std::to_string(v.u) + ", f " +
+               std::to_string(v.f) + ")";
+      e.metadata = [key, v](GgufWriter& w) { w.set(key, v); };
+    } else {
+      const int target = int(rng() % 20), action = int(rng() % 6);
+      const TensorType type = types[rng() % std::size(types)];
+      auto n = std::make_shared<int>(0);
+      e.tensor = [=, &change](std::string& name, TensorType& ty, std::vector<int64_t>& ne) {
+        if ((*n)++ != target) return true;
+        change = name + ": action " + std::to_string(action);
+        switch (action) {
+          case 0: return false;                                          // dropped
+          case 1: ne[0] += 1; break;                                     // one column more
+          case 2: ne.back() = std::max<int64_t>(1, ne.back() / 2); break;  // half the rows
+          case 3: std::reverse(ne.begin(), ne.end()); break;             // transposed
+          case 4: ne.push_back(2); break;                                // a third dimension
+          default: ty = type; break;                                     // another format
+        }
+        return true;
+      };
+    }
+    write_model(t, path, rng, e);
+    ModelOptions o;
+    o.kv_dtype = DType::kF32;
+    o.context = 64;
+    auto m = Model::load(path, o);
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", iteration " + std::to_string(iter) + ", " + t.arch + ": " +
+                 change);
+    if (!m.ok()) {
+      ++refused;
+      EXPECT_FALSE(m.message().empty());
+      EXPECT_EQ(m.message().find('\n'), std::string::npos) << m.message();
+      continue;
+    }
+    ++loaded;
+    const int vocab = (*m)->info().vocab_size;
+    ASSERT_GT(vocab, 0);
+    std::vector<float> logits;
+    // A model that loads must run: what it cannot run is refused when it loads.
+    const Status s = (*m)->append(1, random_tokens(5, vocab, rng), logits);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_EQ(logits.size(), size_t(vocab));
+    for (float l : logits) ASSERT_TRUE(std::isfinite(l)) << "non-finite logit";
+  }
+  std::printf("corrupt models: %d loaded and ran, %d refused\n", loaded, refused);
+  EXPECT_GT(refused, 0);
+  std::filesystem::remove(path);
+}
+
+
+// Values found by the test above that once loaded and then failed or threw: each is refused when
+// the model loads, with the key named.
+TEST(ModelLoad, ImpossibleValuesNameTheirKey) {
+  const std::string path = temp_path("impossible.gguf");
+  const std::pair<std::string, GgufWriteValue> cases[] = {
+      {"block_count", GgufWriteValue::u32(0x7FFFFFFFu)},  // was std::bad_alloc
+      {"rope.freq_base", GgufWriteValue::f32(0.0f)},        // was non-finite K/V at the first step
+      {"rope.freq_base", GgufWriteValue::f32(-1.0f)},
+      {"attn_logit_softcapping", GgufWriteValue::f32(-1.0f)},  // was an attention error per step
+  };
+  for (const auto& [suffix, value] : cases) {
+    Tiny t;
+    t.arch = "gemma2";
+    std::mt19937 rng(7);
+    Edits e;
+    e.metadata = [&, suffix, value](GgufWriter& w) { w.set(t.arch + "." + suffix, value); };
+    write_model(t, path, rng, e);
+    auto m = Model::load(path, {});
+    ASSERT_FALSE(m.ok()) << suffix;
+    const std::string key = suffix == "attn_logit_softcapping" ? "soft-caps" : suffix;
+    EXPECT_NE(m.message().find(key), std::string::npos) << m.message();
+  }
   std::filesystem::remove(path);
 }
 
