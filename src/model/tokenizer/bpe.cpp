@@ -69,8 +69,8 @@ Status bpe_encode_word(const Tokenizer::Impl& v, std::string_view word, std::vec
     }
   }
   // A byte the vocabulary has no token for (SmolLM2 lacks 0x04, 0xF5-0xFF and a few more) stays a
-  // symbol that never merges and is left out of the ids, as llama.cpp and Hugging Face do: one
-  // stray control character does not make a whole prompt fail.
+  // symbol that never merges and is left out of the ids, as llama.cpp does: one stray control
+  // character does not make a whole prompt fail.
   std::vector<Symbol> sym(word.size());
   for (size_t i = 0; i < word.size(); ++i)
     sym[i] = {v.byte_tokens[static_cast<uint8_t>(word[i])], static_cast<uint32_t>(i), 1, static_cast<int32_t>(i) - 1,
