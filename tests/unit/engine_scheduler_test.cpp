@@ -3,7 +3,10 @@
 // request, cancellation frees blocks, the pool returns to empty.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "engine/stop_strings.h"
 #include "engine_fixture.h"
@@ -280,6 +283,51 @@ TEST(EngineStopStrings, HoldsBackPrefixesAndCutsAtTheEarliest) {
   StopMatcher u({"zz"});
   EXPECT_EQ(u.push("az"), "a");
   EXPECT_EQ(u.flush(), "z");
+}
+
+// Generation stops with the piece (token) that completes a stop string, and the text is cut at the
+// earliest stop string in the text so far (a longer one that started earlier but is not complete
+// yet does not count). Whatever the pieces, the matcher lets out exactly that cut (all the text
+// when no stop string occurs), and never lets out a byte it must later take back. Small alphabets,
+// so that stop strings overlap and recur.
+TEST(EngineStopStrings, AnyPiecesGiveTheCutAtTheStoppingPiece) {
+  std::mt19937 rng(std::random_device{}());
+  auto word = [&](size_t max_len) {
+    std::string w(1 + rng() % max_len, 'a');
+    for (char& c : w) c = "abc"[rng() % 3];
+    return w;
+  };
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::vector<std::string> stops(1 + rng() % 3);
+    for (auto& s : stops) s = word(4);
+    const std::string text = rng() % 4 == 0 ? std::string() : word(24);
+    std::vector<size_t> ends;  // where the pieces end
+    for (size_t at = 0; at < text.size();) ends.push_back(at += std::min(text.size() - at, size_t(1 + rng() % 5)));
+    // The reference: the first piece after which the text holds a stop string, and its earliest one.
+    std::string expected = text;
+    bool stops_expected = false;
+    for (size_t e : ends) {
+      size_t cut = std::string::npos;
+      for (const auto& s : stops) cut = std::min(cut, text.substr(0, e).find(s));
+      if (cut != std::string::npos) {
+        expected = text.substr(0, cut), stops_expected = true;
+        break;
+      }
+    }
+    std::string shown = "text '" + text + "', stops";
+    for (const auto& st : stops) shown += " '" + st + "'";
+    SCOPED_TRACE(shown);
+
+    StopMatcher m(stops);
+    std::string out;
+    for (size_t i = 0, at = 0; i < ends.size() && !m.stopped(); at = ends[i++]) {
+      out += m.push(std::string_view(text).substr(at, ends[i] - at));
+      ASSERT_EQ(expected.compare(0, out.size(), out), 0) << "let out more than the cut: " << out;
+    }
+    if (!m.stopped()) out += m.flush();
+    ASSERT_EQ(out, expected);
+    ASSERT_EQ(m.stopped(), stops_expected);
+  }
 }
 
 }  // namespace
