@@ -42,7 +42,7 @@ struct Context {
   }
   static model::Tokenizer model_or_hand_made() {
     if (const model::Tokenizer* t = fuzz::model_tokenizer()) return *t;
-    return fuzz::must(model::Tokenizer::from_vocab(fuzz::bpe_vocab("smollm")));
+    return fuzz::must(model::Tokenizer::from_vocab(model::bpe_vocab("smollm", fuzz::fuzz_merges())));
   }
 };
 
