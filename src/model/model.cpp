@@ -290,6 +290,15 @@ Status Model::Impl::forward(std::span<const StepSequence> batch, std::vector<flo
     const float c = a.final_logit_softcap;
     for (auto& l : logits) l = c * std::tanh(l / c);
   }
+  // NaN / inf weights (a corrupt file) that did not reach the K/V (checked when written) surface
+  // here; the sampler needs an order on the logits.
+  w = 0;
+  for (const auto& s : batch) {
+    if (!s.want_logits) continue;
+    const float* l = logits.data() + (w++) * info.vocab_size;
+    if (!std::all_of(l, l + info.vocab_size, [](float v) { return std::isfinite(v); }))
+      return Status::error(fmt::format("model: non-finite logits for sequence {} (corrupt weights?)", s.seq));
+  }
   for (const auto& s : batch) ESCALA_RETURN_IF_ERROR(cache->mark_written(s.seq, cache->num_tokens(s.seq)));
   return {};
 }

@@ -46,10 +46,11 @@ std::vector<float> rand_vec(size_t n, std::mt19937& rng, float lo, float hi) {
 
 // Changes to a model file for the loader's mutation test: `metadata` edits the keys after they are
 // set; `tensor` may change a tensor's name, type or shape (the data is then random of the new
-// size) or drop it (returns false).
+// size) or drop it (returns false); `poison` names a tensor one of whose values becomes NaN or inf.
 struct Edits {
   std::function<void(GgufWriter&)> metadata;
   std::function<bool(std::string&, TensorType&, std::vector<int64_t>&)> tensor;
+  std::string poison;
 };
 
 Weights write_model(const Tiny& t, const std::string& path, std::mt19937& rng, const Edits& edits = {}) {
@@ -86,8 +87,12 @@ Weights write_model(const Tiny& t, const std::string& path, std::mt19937& rng, c
     (void)w.add_tensor(new_name, type, ne, rand_vec(size_t(count), rng, -1, 1));  // may refuse the shape
     return true;
   };
+  auto poison = [&](const std::string& name, std::vector<float>& dst) {
+    if (name == edits.poison) dst[rng() % dst.size()] = rng() % 2 ? NAN : INFINITY;
+  };
   auto mat = [&](const std::string& name, int cols, int rows, std::vector<float>& dst, float s) {
     dst = rand_vec(size_t(cols) * rows, rng, -s, s);
+    poison(name, dst);
     if (edited(name, t.type, {cols, rows})) return;
     EXPECT_TRUE(w.add_tensor(name, t.type, {cols, rows}, dst).ok()) << name;
     // The reference uses what the file holds: quantize-dequantize round trip.
@@ -101,6 +106,7 @@ Weights write_model(const Tiny& t, const std::string& path, std::mt19937& rng, c
   };
   auto vec = [&](const std::string& name, int len, std::vector<float>& dst, float lo, float hi) {
     dst = rand_vec(len, rng, lo, hi);
+    poison(name, dst);
     if (edited(name, TensorType::kF32, {len})) return;
     EXPECT_TRUE(w.add_tensor(name, TensorType::kF32, {len}, dst).ok()) << name;
   };
@@ -385,9 +391,11 @@ TEST(Model, RejectsMissingTensorsAndBadShapes) {
 
 
 // Corrupt models: one random change to a valid file's metadata or tensors (a value out of range or
-// of the wrong type, a key gone, a tensor dropped, reshaped or re-typed). Loading must give one
-// clear line of error, or a model whose forward pass gives finite logits. Fresh changes each run;
-// the seed is printed with any failure.
+// of the wrong type, a key gone, a tensor dropped, reshaped, re-typed, or holding a NaN / inf).
+// Loading must give one clear line of error, or a model whose forward pass gives finite logits;
+// only the NaN / inf weights, which the loader does not scan (a 70B model's 40 GB), may load and
+// then fail the forward pass, with an error that says so. Fresh changes each run; the seed is
+// printed with any failure.
 TEST(ModelLoad, CorruptModelsFailCleanlyOrRun) {
   const uint32_t seed = std::random_device{}();
   std::mt19937 rng(seed);
@@ -406,13 +414,18 @@ TEST(ModelLoad, CorruptModelsFailCleanlyOrRun) {
   const TensorType types[] = {TensorType::kF16, TensorType::kBF16, TensorType::kQ8_0, TensorType::kQ4_0,
                               TensorType::kQ4_K, TensorType::kQ6_K};
   const std::string path = temp_path("corrupt.gguf");
-  int loaded = 0, refused = 0;
+  int ran = 0, refused = 0, failed_step = 0;
   for (int iter = 0; iter < 120; ++iter) {
     Tiny t;
     t.arch = std::vector<std::string>{"llama", "qwen2", "gemma2"}[rng() % 3];
     Edits e;
     std::string change;
-    if (rng() % 2 == 0) {
+    const std::vector<std::string> poisonable = {"token_embd.weight", "output_norm.weight", "blk.0.attn_k.weight",
+                                                 "blk.1.ffn_down.weight", "blk.1.ffn_norm.weight"};
+    if (rng() % 8 == 0) {
+      e.poison = poisonable[rng() % poisonable.size()];
+      change = "NaN or inf in " + e.poison;
+    } else if (rng() % 2 == 0) {
       const std::string key = rng() % 16 == 0 ? "general.architecture" : t.arch + "." + suffixes[rng() % suffixes.size()];
       const GgufWriteValue v = values[rng() % values.size()];
       change = key + " := value of type " + std::to_string(int(v.type)) + " (u " + std::to_string(v.u) + ", f " +
@@ -449,17 +462,23 @@ TEST(ModelLoad, CorruptModelsFailCleanlyOrRun) {
       EXPECT_EQ(m.message().find('\n'), std::string::npos) << m.message();
       continue;
     }
-    ++loaded;
     const int vocab = (*m)->info().vocab_size;
     ASSERT_GT(vocab, 0);
     std::vector<float> logits;
-    // A model that loads must run: what it cannot run is refused when it loads.
+    // A model that loads must run: what it cannot run is refused when it loads, but for bad values.
     const Status s = (*m)->append(1, random_tokens(5, vocab, rng), logits);
+    if (!e.poison.empty() && !s.ok()) {
+      EXPECT_NE(s.message().find("non-finite"), std::string::npos) << s.message();
+      ++failed_step;
+      continue;
+    }
     ASSERT_TRUE(s.ok()) << s.message();
+    ++ran;
     ASSERT_EQ(logits.size(), size_t(vocab));
     for (float l : logits) ASSERT_TRUE(std::isfinite(l)) << "non-finite logit";
   }
-  std::printf("corrupt models: %d loaded and ran, %d refused\n", loaded, refused);
+  std::printf("corrupt models: %d refused, %d failed their first step (NaN / inf weights), %d ran\n", refused,
+              failed_step, ran);
   EXPECT_GT(refused, 0);
   std::filesystem::remove(path);
 }
@@ -486,6 +505,31 @@ TEST(ModelLoad, ImpossibleValuesNameTheirKey) {
     ASSERT_FALSE(m.ok()) << suffix;
     const std::string key = suffix == "attn_logit_softcapping" ? "soft-caps" : suffix;
     EXPECT_NE(m.message().find(key), std::string::npos) << m.message();
+  }
+  std::filesystem::remove(path);
+}
+
+
+// NaN / inf weights load (the loader does not scan them) and fail the step that meets them, with an
+// error that names the cause, rather than reaching the sampler.
+TEST(ModelLoad, NonFiniteWeightsFailTheStep) {
+  const std::string path = temp_path("nan.gguf");
+  for (const char* tensor : {"output_norm.weight", "blk.0.attn_k.weight"}) {
+    Tiny t;
+    std::mt19937 rng(3);
+    Edits e;
+    e.poison = tensor;
+    write_model(t, path, rng, e);
+    ModelOptions o;
+    o.kv_dtype = DType::kF32;
+    auto m = Model::load(path, o);
+    ASSERT_TRUE(m.ok()) << m.message();
+    std::vector<float> logits;
+    const Status s = (*m)->append(1, random_tokens(4, t.vocab, rng), logits);
+    ASSERT_FALSE(s.ok()) << tensor;
+    EXPECT_NE(s.message().find(std::string_view(tensor) == "output_norm.weight" ? "non-finite logits" : "non-finite K/V"),
+              std::string::npos)
+        << s.message();
   }
   std::filesystem::remove(path);
 }
