@@ -1,10 +1,12 @@
-// libFuzzer target for the tokenizers: any bytes must encode without error and decode back to
-// themselves, less the bytes a byte-level vocabulary has no token for (byte-level BPE under every
-// pre-tokenizer, SentencePiece with byte fallback, and the default model's vocabulary when
-// present); the pre-tokenizers must cover every byte in order; and the streaming decoder must
-// emit, token by token, exactly what a whole decode does.
+// libFuzzer target for the tokenizers and chat templates: any bytes must encode without error and
+// decode back to themselves, less the bytes a byte-level vocabulary has no token for (byte-level
+// BPE under every pre-tokenizer, SentencePiece with byte fallback, and the default model's
+// vocabulary when present); the pre-tokenizers must cover every byte in order; the streaming
+// decoder must emit, token by token, exactly what a whole decode does; and chat templates must
+// recognise or refuse any text, and render any conversation or refuse it, in one line.
 //
 // Build and run (clang): see tests/fuzz/CMakeLists.txt.
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -104,6 +106,27 @@ void check(const Vocab& v, std::string_view text) {
   if (!spm && !t.add_bos() && !t.add_eos() && *rendered != expected) fail("special tokens do not render back", name);
 }
 
+// Chat templates: any Jinja text is recognised or refused in one line, and every family renders a
+// conversation cut from the input (roles from its bytes) or refuses it in one line.
+void check_chat_templates(std::string_view text) {
+  auto one_line = [](const std::string& m) { return !m.empty() && m.find('\n') == std::string::npos; };
+  auto jinja = model::ChatTemplate::from_jinja(text);
+  if (!jinja.ok() && !one_line(jinja.message())) fail("template error is not one line", "chat");
+  std::vector<model::ChatMessage> messages;
+  for (size_t at = 0; at < text.size() && messages.size() < 6;) {
+    const size_t n = std::min(text.size() - at, size_t(1 + static_cast<uint8_t>(text[at]) % 24));
+    static const char* kRoles[] = {"system", "user", "assistant", "user"};
+    messages.push_back({kRoles[static_cast<uint8_t>(text[at]) % 4], std::string(text.substr(at, n))});
+    at += n;
+  }
+  for (const char* name : {"chatml", "llama3", "gemma", "llama2"}) {
+    auto t = model::ChatTemplate::from_name(name);
+    if (!t.ok()) fail("a named template does not exist", name);
+    auto r = t->render(messages, true);
+    if (!r.ok() && !one_line(r.message())) fail("render error is not one line", name);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -119,5 +142,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (joined != text) fail("pre-tokenizer words do not cover the text", model::pre_tokenizer_name(kind));
   }
   for (const Vocab& v : vocabs.all) check(v, text);
+  check_chat_templates(text);
   return 0;
 }
