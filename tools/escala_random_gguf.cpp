@@ -5,6 +5,7 @@
 //
 //   escala_random_gguf --arch gemma2 --tokenizer-from models/SmolLM2-135M-Instruct.Q4_1.gguf
 //       --out /tmp/gemma2.gguf [--embd 128 --layers 4 --heads 4 --kv-heads 2 --head-dim 32 --ff 256]
+//       [--rope-scaling linear|yarn --rope-factor 4 --rope-orig-ctx 16] [--rope-freqs]
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -91,6 +92,12 @@ struct Shape {
   float attn_cap = 50.0f, final_cap = 30.0f;
   uint32_t seed = 1;
   std::string type = "f32";
+  // RoPE scaling (llama): rope.scaling.type none / linear / yarn with its factor and original
+  // context; rope_freqs: Llama 3's per-frequency factors as a tensor.
+  std::string rope_scaling = "none";
+  float rope_factor = 4.0f;
+  int rope_orig_ctx = 16;
+  bool rope_freqs = false;
 };
 
 Status run(const Shape& s) {
@@ -113,6 +120,11 @@ Status run(const Shape& s) {
   w.set(a + ".attention.value_length", V::u32(uint32_t(s.head_dim)));
   w.set(a + ".attention.layer_norm_rms_epsilon", V::f32(1e-6f));
   w.set(a + ".rope.freq_base", V::f32(10000.0f));
+  if (s.rope_scaling != "none") {
+    w.set(a + ".rope.scaling.type", V::string(s.rope_scaling));
+    w.set(a + ".rope.scaling.factor", V::f32(s.rope_factor));
+    if (s.rope_scaling == "yarn") w.set(a + ".rope.scaling.original_context_length", V::u32(uint32_t(s.rope_orig_ctx)));
+  }
   if (a == "gemma2") {
     w.set(a + ".attention.sliding_window", V::u32(uint32_t(s.window)));
     w.set(a + ".attn_logit_softcapping", V::f32(s.attn_cap));
@@ -168,6 +180,12 @@ Status run(const Shape& s) {
     mat(p + "ffn_down.weight", s.ff, n, 1.7f / std::sqrt(float(s.ff)));
     if (a == "gemma2") vec(p + "post_ffw_norm.weight", n, 2.0f, 4.0f);
   }
+  // Llama 3's factors grow from 1 (high frequencies) to 8 (low ones).
+  if (s.rope_freqs) {
+    std::vector<float> f(size_t(s.head_dim / 2));
+    for (size_t i = 0; i < f.size(); ++i) f[i] = 1.0f + 7.0f * float(i) / float(f.size()) + rnd(1, 0.0f, 0.5f)[0];
+    if (st.ok()) st = w.add_tensor("rope_freqs.weight", TensorType::kF32, {int64_t(f.size())}, f);
+  }
   if (!st.ok()) return st;
   return w.write(s.out);
 }
@@ -192,6 +210,12 @@ int main(int argc, char** argv) {
   app.add_option("--final-softcap", s.final_cap, "gemma2: final logit soft-cap");
   app.add_option("--type", s.type, "Matrix weight type: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
   app.add_option("--seed", s.seed, "Random seed");
+  app.add_option("--rope-scaling", s.rope_scaling, "rope.scaling.type: none, linear or yarn")
+      ->check(CLI::IsMember({"none", "linear", "yarn"}));
+  app.add_option("--rope-factor", s.rope_factor, "rope.scaling.factor")->check(CLI::Range(1.0f, 64.0f));
+  app.add_option("--rope-orig-ctx", s.rope_orig_ctx, "yarn: rope.scaling.original_context_length")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--rope-freqs", s.rope_freqs, "write a rope_freqs.weight tensor (Llama 3's factors)");
   CLI11_PARSE(app, argc, argv);
   Status st = run(s);
   if (!st.ok()) {

@@ -41,8 +41,10 @@ Result<RopeConfig> read_rope_config(const GgufFile& f, const ArchParams& a, bool
   } else if (type == "yarn") {
     auto orig = f.get_u32_or(key("rope.scaling.original_context_length"), a.context_length);
     if (!orig.ok()) return orig.status();
-    const float lo = std::floor(yarn_corr_dim(r.dims, float(*orig), 32.0f, base));
-    const float hi = std::ceil(yarn_corr_dim(r.dims, float(*orig), 1.0f, base));
+    // The correction range, clamped to the dimensions that exist (a short original context puts
+    // its start below 0), as llama.cpp's ggml_rope_yarn_corr_dims does.
+    const float lo = std::max(0.0f, std::floor(yarn_corr_dim(r.dims, float(*orig), 32.0f, base)));
+    const float hi = std::min(float(r.dims - 1), std::ceil(yarn_corr_dim(r.dims, float(*orig), 1.0f, base)));
     for (int i = 0; i < half; ++i) {
       const float keep = yarn_ramp(lo, hi, i);  // 1: extrapolate (high frequency), 0: interpolate
       r.inv_freq[i] = r.inv_freq[i] / factor * (1.0f - keep) + r.inv_freq[i] * keep;
