@@ -1,8 +1,9 @@
 // The RoPE frequency table under each scaling that GGUF metadata names, against the definitions
 // computed here in double precision (as llama.cpp's ggml_rope_yarn computes them): none, linear,
-// YaRN with an original context long enough that its correction range lies inside the dimensions
-// and one so short that the range must be clamped to them, and Llama 3's rope_freqs factors.
-// (scripts/compare_random_archs.py runs the same scalings against llama.cpp itself.)
+// NTK-aware (a larger base; not one of llama.cpp's types), YaRN with an original context long
+// enough that its correction range lies inside the dimensions and one so short that the range must
+// be clamped to them, and Llama 3's rope_freqs factors. (scripts/compare_random_archs.py runs
+// linear, YaRN and rope_freqs against llama.cpp itself.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,6 +28,8 @@ struct Scaling {
 // inv_freq and attn_factor from the definitions.
 std::pair<std::vector<double>, double> reference(int dims, double base, const Scaling& s) {
   const int half = dims / 2;
+  // NTK-aware: a larger base instead of scaled positions.
+  if (s.type == "ntk") base *= std::pow(double(s.factor), double(dims) / (dims - 2));
   std::vector<double> f(half);
   for (int i = 0; i < half; ++i) f[i] = std::pow(base, -2.0 * i / dims);
   double attn = 1.0;
@@ -55,6 +58,7 @@ TEST(Rope, FrequenciesMatchTheDefinitions) {
   const Scaling cases[] = {
       {},
       {"linear", 4.0f, 0, {}},
+      {"ntk", 4.0f, 0, {}},
       {"yarn", 4.0f, 8192, {}},  // correction range inside [0, dims - 1]
       {"yarn", 8.0f, 16, {}},    // starts below 0: clamped
       {"none", 1.0f, 0, llama3},
