@@ -8,7 +8,7 @@ build/escala_random_gguf (tools/escala_random_gguf.cpp, Escala's own GgufWriter)
 biases, gemma2 with alternating sliding-window (window 8, even layers) and global layers, attention
 and final logit soft-capping (50, 30), post-attention and post-FFN norms, tied output; llama with
 linear RoPE scaling (factor 4), YaRN (factor 4, original context 16) and Llama 3's rope_freqs
-tensor. The prompts
+tensor, and qwen2 (NeoX pairs) with YaRN. The prompts
 run 3 to 25 tokens, so the first-position logits of the longer ones already go through the window. The
 tokenizer.ggml.* keys are copied from the SmolLM2 GGUF (GPT-2 BPE, 49152 tokens) so llama.cpp
 accepts the vocabulary.
@@ -24,7 +24,7 @@ every prompt (token ids from Escala's tokenizer, evaluated as ids by llama.cpp) 
     or diverging only right after a near-tie in llama.cpp's logits (top-2 gap below --tie), reported.
 
     python3 scripts/compare_random_archs.py [--escala build/escala] [--tool build/escala_random_gguf]
-        [--archs qwen2,gemma2,llama:linear,llama:yarn,llama:rope_freqs] [--kv-types f32,f16] [-n 32]
+        [--archs qwen2,gemma2,llama:linear,llama:yarn,llama:rope_freqs,qwen2:yarn] [--kv-types f32,f16] [-n 32]
 
 Exit status 0 when everything passes, 1 on a failure, 77 when llama_cpp is not installed (skipped).
 """
@@ -51,12 +51,12 @@ PROMPTS = [
 
 GGML_TYPE = {"f32": 0, "f16": 1}  # llama.cpp's type_k / type_v
 
-# Model variants: an architecture, or llama with one kind of RoPE scaling. The YaRN model's original
-# context (16) is shorter than the prompts plus the generated tokens, so its interpolation is used.
+# Model variants, ARCH:VARIANT: one kind of RoPE scaling. The YaRN models' original context (16) is
+# shorter than the prompts plus the generated tokens, so their interpolation is used.
 VARIANTS = {
-    "llama:linear": ["--rope-scaling", "linear", "--rope-factor", "4"],
-    "llama:yarn": ["--rope-scaling", "yarn", "--rope-factor", "4", "--rope-orig-ctx", "16"],
-    "llama:rope_freqs": ["--rope-freqs"],
+    "linear": ["--rope-scaling", "linear", "--rope-factor", "4"],
+    "yarn": ["--rope-scaling", "yarn", "--rope-factor", "4", "--rope-orig-ctx", "16"],
+    "rope_freqs": ["--rope-freqs"],
 }
 
 
@@ -66,8 +66,8 @@ def main() -> int:
     ap.add_argument("--escala", default=str(root / "build" / "escala"))
     ap.add_argument("--tool", default=str(root / "build" / "escala_random_gguf"))
     ap.add_argument("--tokenizer-from", default=str(root / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--archs", default="qwen2,gemma2,llama:linear,llama:yarn,llama:rope_freqs",
-                    help="architectures (llama, qwen2, gemma2) and variants (" + ", ".join(VARIANTS) + ")")
+    ap.add_argument("--archs", default="qwen2,gemma2,llama:linear,llama:yarn,llama:rope_freqs,qwen2:yarn",
+                    help="architectures (llama, qwen2, gemma2), each optionally :VARIANT (" + ", ".join(VARIANTS) + ")")
     ap.add_argument("--kv-types", default="f32,f16", help="KV cache types to run (the same in both runtimes)")
     ap.add_argument("--weight-type", default="f32", choices=["f32", "f16"])
     ap.add_argument("-n", type=int, default=32)
@@ -105,7 +105,7 @@ def main() -> int:
         path = out_dir / f"random-{arch.replace(':', '-')}-{args.weight_type}.gguf"
         subprocess.run([args.tool, "--arch", arch.split(":")[0], "--tokenizer-from", args.tokenizer_from,
                         "--out", str(path), "--type", args.weight_type, "--seed", str(args.seed)]
-                       + VARIANTS.get(arch, []), check=True)
+                       + (VARIANTS[arch.split(":")[1]] if ":" in arch else []), check=True)
         for kv in args.kv_types.split(","):
             tol = tols[kv]
             try:
