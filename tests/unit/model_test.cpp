@@ -1,7 +1,8 @@
 // The forward pass of each architecture (llama, qwen2, gemma2) against a straightforward
 // double-precision reference written here from the architectures' definitions, on small
 // random-weight GGUF files made by Escala's own writer; plus the runtime's invariants: prefill ==
-// token-by-token decode, batch == alone, and StreamingLLM running past the context in flat memory.
+// token-by-token decode, batch == alone, and StreamingLLM running past the context in flat memory;
+// and corrupt model files (ModelLoad), refused in one line or failing the step that meets them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -389,7 +390,6 @@ TEST(Model, RejectsMissingTensorsAndBadShapes) {
   std::filesystem::remove(path);
 }
 
-
 // Corrupt models: one random change to a valid file's metadata or tensors (a value out of range or
 // of the wrong type, a key gone, a tensor dropped, reshaped, re-typed, or holding a NaN / inf).
 // Loading must give one clear line of error, or a model whose forward pass gives finite logits;
@@ -413,6 +413,8 @@ TEST(ModelLoad, CorruptModelsFailCleanlyOrRun) {
       GgufWriteValue::boolean(true), GgufWriteValue::f64(2.0)};
   const TensorType types[] = {TensorType::kF16, TensorType::kBF16, TensorType::kQ8_0, TensorType::kQ4_0,
                               TensorType::kQ4_K, TensorType::kQ6_K};
+  const std::vector<std::string> poisonable = {"token_embd.weight", "output_norm.weight", "blk.0.attn_k.weight",
+                                               "blk.1.ffn_down.weight", "blk.1.ffn_norm.weight"};
   const std::string path = temp_path("corrupt.gguf");
   int ran = 0, refused = 0, failed_step = 0;
   for (int iter = 0; iter < 120; ++iter) {
@@ -420,8 +422,6 @@ TEST(ModelLoad, CorruptModelsFailCleanlyOrRun) {
     t.arch = std::vector<std::string>{"llama", "qwen2", "gemma2"}[rng() % 3];
     Edits e;
     std::string change;
-    const std::vector<std::string> poisonable = {"token_embd.weight", "output_norm.weight", "blk.0.attn_k.weight",
-                                                 "blk.1.ffn_down.weight", "blk.1.ffn_norm.weight"};
     if (rng() % 8 == 0) {
       e.poison = poisonable[rng() % poisonable.size()];
       change = "NaN or inf in " + e.poison;
