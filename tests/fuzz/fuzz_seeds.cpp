@@ -45,8 +45,8 @@ int write_gguf_seeds(const std::string& dir) {
       w.set("a.nested", V::array(GgufValueType::kArray, {V::i32_array({1}), V::i32_array({})}));
       std::vector<float> values(256 * 2);
       for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 17) - 8.0f;
-      if (!w.add_tensor("w", t, {256, 2}, values).ok()) return 1;
-      if (!w.add_tensor("b", TensorType::kF32, {4}, std::vector<float>(4, 1.0f)).ok()) return 1;
+      if (!w.add_tensor("w", t, {256, 2}, values).ok()) return -1;
+      if (!w.add_tensor("b", TensorType::kF32, {4}, std::vector<float>(4, 1.0f)).ok()) return -1;
       auto s = w.write(dir + "/seed_" + std::to_string(n++) + ".gguf");
       if (!s.ok()) {
         std::fprintf(stderr, "%s\n", s.message().c_str());
