@@ -4,17 +4,21 @@
 Usage: scripts/check_tokenizer_vs_llamacpp.py [--escala build/escala] [--model FILE] [--random N]
 
 The corpus covers Unicode scripts, emoji (with modifiers and ZWJ sequences), code, numbers,
-white-space runs, contractions and chat-formatted text with special tokens; N seeded random
-strings from a mixed pool are added. With --variants, vocabulary-only copies of the model with
-other pre-tokenizers and a SentencePiece vocabulary built from its tokens are compared too. Every text is tokenized in four modes (BOS as the model
-asks / none, special tokens parsed / not). Exit status 0 when every result is identical, 1 when
-any differs (each difference is printed), 77 when llama-cpp-python is not installed.
+white-space runs, control characters, contractions and chat-formatted text with special tokens; N
+seeded random strings from a mixed pool are added. With --variants, vocabulary-only copies of the
+model with other pre-tokenizers and a SentencePiece vocabulary built from its tokens are compared
+too. Every text is tokenized in four modes (BOS as the model asks / none, special tokens parsed /
+not). Then one user turn of each of the first corpus texts goes through `escala generate --chat`,
+against the model's own Jinja template rendered by jinja2 and tokenized by llama.cpp. Exit status
+0 when every result is identical, 1 when any differs (each difference is printed), 77 when
+llama-cpp-python is not installed.
 
 llama-cpp-python builds llama.cpp from source when installed (`pip install llama-cpp-python`).
 A libllama.so built elsewhere also works: PYTHONPATH=<folder holding the llama_cpp package>
 LLAMA_CPP_LIB_PATH=<folder holding libllama.so and libggml*.so>.
 """
 import argparse
+import json
 import os
 import random
 import struct
@@ -208,6 +212,36 @@ def escala_tokenize(escala, model, texts, add_bos, special):
         os.unlink(path)
 
 
+def check_chat_template(escala, model, prompts):
+    """One user turn through `escala generate --chat` against the model's own Jinja template
+    (tokenizer.chat_template, rendered by jinja2 as Hugging Face does) tokenized by llama.cpp.
+    Returns the number of prompts whose prompt tokens differ."""
+    import jinja2
+    import llama_cpp
+    llm = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
+    source = llm.metadata.get("tokenizer.chat_template")
+    if not source:
+        print("chat template: the model has none: skipped")
+        return 0
+    template = jinja2.Environment(loader=jinja2.BaseLoader()).from_string(source)
+    failed = 0
+    for p in prompts:
+        text = template.render(messages=[{"role": "user", "content": p}], add_generation_prompt=True,
+                               bos_token="", eos_token="")
+        want = llm.tokenize(text.encode("utf-8"), add_bos=llm.metadata.get("tokenizer.ggml.add_bos_token") == "true",
+                            special=True)
+        r = subprocess.run([escala, "generate", "--model", model, "--chat", "--prompt", p, "-n", "1", "--temp", "0",
+                            "--json"], capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise RuntimeError(f"escala generate --chat failed: {r.stderr.strip()}")
+        got = json.loads(r.stdout)["prompt_tokens"]
+        if got != want:
+            failed += 1
+            print(f"DIFF chat template, prompt {p!r}\n  jinja2 + llama.cpp: {want}\n  escala:             {got}")
+    print(f"chat template: {len(prompts)} one-turn prompts, {len(prompts) - failed} identical, {failed} different")
+    return failed
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(here)
@@ -249,6 +283,7 @@ def main():
               f"tokenizations, {checked - failed} identical, {failed} different", flush=True)
         failed_total += failed
         del llm
+    failed_total += check_chat_template(args.escala, args.model, [t for t in CORPUS[:30] if t.strip()])
     return 1 if failed_total else 0
 
 
