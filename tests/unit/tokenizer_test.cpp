@@ -442,6 +442,21 @@ TEST(SmolLm2Tokenizer, KnownIdsFromLlamaCpp) {
     EXPECT_EQ(*ids, c.ids) << c.text;
     EXPECT_EQ(*t->decode(*ids, {.render_special = true}), c.text);
   }
+  // Bytes SmolLM2 has no token for (0x04, 0x1D, U+40000's lead byte 0xF1) are left out, with the
+  // ids llama.cpp gives (llama-cpp-python 0.3.36); the continuation bytes left behind do have tokens.
+  const Case dropped[] = {
+      {"control\x04" "chars\x1d in!\x04!text", false, {11656, 33879, 281, 17, 17, 2692}},
+      {"plane four \xf1\x80\x80\x80 and \x7f del", false, {12758, 1876, 216, 218, 218, 218, 284, 216, 217, 1347}},
+  };
+  for (const Case& c : dropped) {
+    auto ids = t->encode(c.text, {.add_special = false});
+    ASSERT_TRUE(ids.ok()) << ids.message();
+    EXPECT_EQ(*ids, c.ids) << c.text;
+    std::string kept;
+    for (char ch : c.text)
+      if (ch != '\x04' && ch != '\x1d' && ch != '\xf1') kept += ch;
+    EXPECT_EQ(*t->decode(*ids), kept);
+  }
   // Random text through the real vocabulary and back, whole and streamed token by token.
   std::mt19937 rng(7);
   for (int iter = 0; iter < 200; ++iter) {
