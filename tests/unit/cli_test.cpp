@@ -431,6 +431,12 @@ TEST_F(CliAttentionTest, BadInputsFailCleanly) {
                              to_npy(std::vector<float>(size_t(p.tk() * p.h_kv * 12)), {p.tk(), p.h_kv, 12}, false))
                   .ok());
   ASSERT_TRUE(npy::write_npy(path("sinks3.npy"), npy::make_f32({3}, std::vector<float>(3))).ok());
+  std::vector<float> k_nan = p.k;
+  k_nan[k_nan.size() / 2] = NAN;  // the kernels would take it for a masked key and write zeros
+  ASSERT_TRUE(npy::write_npy(path("k_nan.npy"), to_npy(k_nan, {p.tk(), p.h_kv, p.d}, false)).ok());
+  std::vector<float> q_inf = p.q;
+  q_inf[1] = INFINITY;
+  ASSERT_TRUE(npy::write_npy(path("q_inf.npy"), to_npy(q_inf, {p.tq(), p.h, p.d}, true)).ok());
   ASSERT_TRUE(npy::write_npy(path("cu_f.npy"), npy::make_f32({2}, std::vector<float>{0, 20})).ok());
 
   const std::string out = path("o.npy"), lse = path("lse.npy");
@@ -448,6 +454,8 @@ TEST_F(CliAttentionTest, BadInputsFailCleanly) {
   expect_clean_failure("attention" + q + " --k " + path("k3.npy") + v + " --out " + out, "heads", out);
   expect_clean_failure("attention" + q + " --k " + path("k_d32.npy") + v + " --out " + out, "head dim", out);
   expect_clean_failure("attention" + q + k + " --v " + path("v16.npy") + " --out " + out, "same dtype", out);
+  expect_clean_failure("attention" + q + " --k " + path("k_nan.npy") + v + " --out " + out, "K holds nan", out);
+  expect_clean_failure("attention --q " + path("q_inf.npy") + k + v + " --out " + out, "Q holds inf at [0, 0, 1]", out);
   expect_clean_failure(
       "attention --q " + path("q12.npy") + " --k " + path("k12.npy") + " --v " + path("v12.npy") + " --out " + out,
       "multiple of 8", out);

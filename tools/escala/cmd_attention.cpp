@@ -39,7 +39,9 @@ struct AttentionArgs {
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kMaxPageSize = 1 << 16;
 
-// Reads a [tokens, heads, dim] float32/float16 tensor.
+float element(const NpyArray& a, int64_t i) { return a.dtype == NpyDType::kF16 ? f16_to_f32(a.f16()[i]) : a.f32()[i]; }
+
+// Reads a [tokens, heads, dim] float32/float16 tensor of finite values.
 Result<NpyArray> read_tensor(const std::string& path, std::string_view what) {
   auto a = npy::read_npy(path);
   if (!a.ok()) return a.status();
@@ -51,10 +53,14 @@ Result<NpyArray> read_tensor(const std::string& path, std::string_view what) {
         fmt::format("{}: {} must have shape [tokens, heads, dim], got {}", path, what, a->shape_string()));
   if (a->shape[0] > kInt32Max || a->shape[1] > kInt32Max || a->shape[2] > kInt32Max)
     return Status::error(fmt::format("{}: {} shape {} is too large", path, what, a->shape_string()));
+  // The kernels would read a NaN / inf score as a masked key and write zeros: refused instead.
+  const int64_t n = a->numel(), heads = a->shape[1], dim = a->shape[2];
+  for (int64_t i = 0; i < n; ++i)
+    if (const float x = element(*a, i); !std::isfinite(x))
+      return Status::error(fmt::format("{}: {} holds {} at [{}, {}, {}]; attention needs finite inputs", path, what, x,
+                                       i / (heads * dim), i / dim % heads, i % dim));
   return a;
 }
-
-float element(const NpyArray& a, int64_t i) { return a.dtype == NpyDType::kF16 ? f16_to_f32(a.f16()[i]) : a.f32()[i]; }
 
 // cu_seqlens from an int32 .npy file or a comma list ("0,5,12"); checked against the token count.
 Result<std::vector<int32_t>> parse_cu_seqlens(const std::string& text, std::string_view flag, int64_t total,
@@ -285,6 +291,8 @@ Status run(const AttentionArgs& a) {
         "{}: sink logits must be a float32 or float16 array of shape ({},), got {} {}", a.sink_logits, h,
         npy::npy_type_name(s->dtype), s->shape_string());
     for (int64_t i = 0; i < h; ++i) sink_logits.push_back(element(*s, i));
+    for (int64_t i = 0; i < h; ++i)
+      ESCALA_CHECK_ARG(!std::isnan(sink_logits[size_t(i)]), "{}: sink logit {} is NaN", a.sink_logits, i);
     p.sink_logits = sink_logits.data();
   }
 
