@@ -432,7 +432,7 @@ TEST_F(CliAttentionTest, BadInputsFailCleanly) {
                   .ok());
   ASSERT_TRUE(npy::write_npy(path("sinks3.npy"), npy::make_f32({3}, std::vector<float>(3))).ok());
   std::vector<float> k_nan = p.k;
-  k_nan[k_nan.size() / 2] = NAN;  // the kernels would take it for a masked key and write zeros
+  k_nan[k_nan.size() / 2] = NAN;  // the kernels would drop that key as if masked
   ASSERT_TRUE(npy::write_npy(path("k_nan.npy"), to_npy(k_nan, {p.tk(), p.h_kv, p.d}, false)).ok());
   std::vector<float> q_inf = p.q;
   q_inf[1] = INFINITY;

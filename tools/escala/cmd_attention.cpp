@@ -53,7 +53,8 @@ Result<NpyArray> read_tensor(const std::string& path, std::string_view what) {
         fmt::format("{}: {} must have shape [tokens, heads, dim], got {}", path, what, a->shape_string()));
   if (a->shape[0] > kInt32Max || a->shape[1] > kInt32Max || a->shape[2] > kInt32Max)
     return Status::error(fmt::format("{}: {} shape {} is too large", path, what, a->shape_string()));
-  // The kernels would read a NaN / inf score as a masked key and write zeros: refused instead.
+  // The kernels and the reference treat a NaN score as a masked key: a NaN would silently drop keys
+  // (all of them: zeros out). Refused instead, inf too.
   const int64_t n = a->numel(), heads = a->shape[1], dim = a->shape[2];
   for (int64_t i = 0; i < n; ++i)
     if (const float x = element(*a, i); !std::isfinite(x))
