@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include "escala/attention.h"
@@ -66,6 +67,18 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
 float gelu_tanh(float x) {
   constexpr float k = 0.7978845608028654f;  // sqrt(2/pi)
   return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+
+// Whether every value is finite: the largest magnitude's bits stay below inf's (an integer max,
+// which the compiler vectorises; a float test with an early exit does not).
+bool all_finite(const float* x, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, sizeof b);
+    m = std::max(m, b & 0x7fffffffu);
+  }
+  return m < 0x7f800000u;
 }
 
 }  // namespace
@@ -232,6 +245,10 @@ Status Model::Impl::forward(std::span<const StepSequence> batch, std::vector<flo
       at += cnt;
     }
     cache->rotate_queries(q.data(), total * h);
+    // The attention kernels read a NaN score as a masked key, so NaN queries (corrupt weights)
+    // would silently zero the head; K/V are checked as the cache stores them.
+    if (!all_finite(q.data(), total * h * hd))
+      return Status::error(fmt::format("model: non-finite queries in layer {} (corrupt weights?)", li));
 
     attn::AttentionParams p;
     ESCALA_RETURN_IF_ERROR(cache->bind(*kvb, int32_t(li), p));
@@ -296,7 +313,7 @@ Status Model::Impl::forward(std::span<const StepSequence> batch, std::vector<flo
   for (const auto& s : batch) {
     if (!s.want_logits) continue;
     const float* l = logits.data() + (w++) * info.vocab_size;
-    if (!std::all_of(l, l + info.vocab_size, [](float v) { return std::isfinite(v); }))
+    if (!all_finite(l, info.vocab_size))
       return Status::error(fmt::format("model: non-finite logits for sequence {} (corrupt weights?)", s.seq));
   }
   for (const auto& s : batch) ESCALA_RETURN_IF_ERROR(cache->mark_written(s.seq, cache->num_tokens(s.seq)));

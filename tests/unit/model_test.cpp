@@ -414,7 +414,8 @@ TEST(ModelLoad, CorruptModelsFailCleanlyOrRun) {
   const TensorType types[] = {TensorType::kF16, TensorType::kBF16, TensorType::kQ8_0, TensorType::kQ4_0,
                               TensorType::kQ4_K, TensorType::kQ6_K};
   const std::vector<std::string> poisonable = {"token_embd.weight", "output_norm.weight", "blk.0.attn_k.weight",
-                                               "blk.1.ffn_down.weight", "blk.1.ffn_norm.weight"};
+                                               "blk.1.attn_q.weight", "blk.1.ffn_down.weight",
+                                               "blk.1.ffn_norm.weight"};
   const std::string path = temp_path("corrupt.gguf");
   int ran = 0, refused = 0, failed_step = 0;
   for (int iter = 0; iter < 120; ++iter) {
@@ -511,10 +512,13 @@ TEST(ModelLoad, ImpossibleValuesNameTheirKey) {
 
 
 // NaN / inf weights load (the loader does not scan them) and fail the step that meets them, with an
-// error that names the cause, rather than reaching the sampler.
+// error that names the cause, rather than reaching the sampler or being read as masked keys.
 TEST(ModelLoad, NonFiniteWeightsFailTheStep) {
   const std::string path = temp_path("nan.gguf");
-  for (const char* tensor : {"output_norm.weight", "blk.0.attn_k.weight"}) {
+  const std::pair<const char*, const char*> cases[] = {{"output_norm.weight", "non-finite logits"},
+                                                       {"blk.0.attn_k.weight", "non-finite K/V"},
+                                                       {"blk.1.attn_q.weight", "non-finite queries"}};
+  for (const auto& [tensor, error] : cases) {
     Tiny t;
     std::mt19937 rng(3);
     Edits e;
@@ -527,9 +531,7 @@ TEST(ModelLoad, NonFiniteWeightsFailTheStep) {
     std::vector<float> logits;
     const Status s = (*m)->append(1, random_tokens(4, t.vocab, rng), logits);
     ASSERT_FALSE(s.ok()) << tensor;
-    EXPECT_NE(s.message().find(std::string_view(tensor) == "output_norm.weight" ? "non-finite logits" : "non-finite K/V"),
-              std::string::npos)
-        << s.message();
+    EXPECT_NE(s.message().find(error), std::string::npos) << s.message();
   }
   std::filesystem::remove(path);
 }
