@@ -91,4 +91,15 @@ ESCALA_HD uint8_t f32_to_fp8e4m3(float f) {
   return static_cast<uint8_t>(sign | (exp << 3) | mant);
 }
 
+// Whether all n values are finite: the largest magnitude's bits stay below inf's. An integer max,
+// which compilers vectorise; a float test with an early exit stays scalar (host only).
+inline bool all_finite(const float* x, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = f32_bits(x[i]) & 0x7fffffffu;
+    m = b > m ? b : m;
+  }
+  return m < 0x7f800000u;
+}
+
 }  // namespace escala

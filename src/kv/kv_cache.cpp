@@ -7,6 +7,7 @@
 #include <limits>
 #include <unordered_set>
 
+#include "common/numeric.h"
 #include "kv/cache_impl.h"
 #include "kv/planner.h"
 
@@ -385,9 +386,12 @@ Status KvCache::write_kv(SeqId seq, int32_t layer, int64_t first, int64_t n, con
   const int32_t j = m.slot_of[size_t(layer)];
   const int64_t row = int64_t(m.cfg.num_kv_heads) * m.cfg.head_dim;
   // A NaN or infinity would poison a whole block's scale (fp8) or quantize to garbage: refuse it.
-  for (int64_t i = 0; i < n * row; ++i)
-    ESCALA_CHECK_ARG(std::isfinite(k[i]) && std::isfinite(v[i]),
-                     "kv cache: non-finite K/V for sequence {}, layer {}, token {}", seq, layer, first + i / row);
+  if (!all_finite(k, n * row) || !all_finite(v, n * row)) {
+    int64_t i = 0;
+    while (std::isfinite(k[i]) && std::isfinite(v[i])) ++i;
+    return Status::error(
+        fmt::format("kv cache: non-finite K/V for sequence {}, layer {}, token {}", seq, layer, first + i / row));
+  }
   for (int64_t t = first; t < first + n; ++t) {
     if (!m.resident(g, t)) continue;  // a sliding-window group may have released it already
     m.storage.write(j, m.block_of(g, t), int32_t(t % m.bs), k + (t - first) * row, v + (t - first) * row);

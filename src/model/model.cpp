@@ -7,9 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numbers>
 
+#include "common/numeric.h"
 #include "escala/attention.h"
 #include "kv/planner.h"
 #include "model/quant_matmul_internal.h"
@@ -67,18 +67,6 @@ void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n,
 float gelu_tanh(float x) {
   constexpr float k = 0.7978845608028654f;  // sqrt(2/pi)
   return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
-}
-
-// Whether every value is finite: the largest magnitude's bits stay below inf's (an integer max,
-// which the compiler vectorises; a float test with an early exit does not).
-bool all_finite(const float* x, int64_t n) {
-  uint32_t m = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, x + i, sizeof b);
-    m = std::max(m, b & 0x7fffffffu);
-  }
-  return m < 0x7f800000u;
 }
 
 }  // namespace

@@ -291,9 +291,10 @@ Status run(const AttentionArgs& a) {
         (s->dtype == NpyDType::kF32 || s->dtype == NpyDType::kF16) && s->shape.size() == 1 && s->shape[0] == h,
         "{}: sink logits must be a float32 or float16 array of shape ({},), got {} {}", a.sink_logits, h,
         npy::npy_type_name(s->dtype), s->shape_string());
-    for (int64_t i = 0; i < h; ++i) sink_logits.push_back(element(*s, i));
-    for (int64_t i = 0; i < h; ++i)
-      ESCALA_CHECK_ARG(!std::isnan(sink_logits[size_t(i)]), "{}: sink logit {} is NaN", a.sink_logits, i);
+    for (int64_t i = 0; i < h; ++i) {
+      sink_logits.push_back(element(*s, i));
+      ESCALA_CHECK_ARG(!std::isnan(sink_logits.back()), "{}: sink logit {} is NaN", a.sink_logits, i);
+    }
     p.sink_logits = sink_logits.data();
   }
 
