@@ -28,6 +28,7 @@ void attention_reference(const AttentionParams& p) {
         const auto* qrow = static_cast<const uint8_t*>(p.q) + ((q0 + i) * p.q_row_stride + h * p.q_head_stride) * qb;
         const int64_t q_pos = i + kv_len - q_len;
         double m = -std::numeric_limits<double>::infinity();
+        bool nan_score = false;  // std::max skips NaN: remembered here so that it reaches the output
         for (int64_t j = 0; j < kv_len; ++j) {
           if (!mask.visible(q_pos, j)) {
             s[j] = -std::numeric_limits<double>::infinity();
@@ -40,6 +41,7 @@ void attention_reference(const AttentionParams& p) {
           double x = dot * scale;
           if (p.softcap > 0) x = p.softcap * std::tanh(x / p.softcap);
           s[j] = x;
+          nan_score = nan_score || std::isnan(x);
           m = std::max(m, x);
         }
         const bool has_sink = p.sink_logits != nullptr;
@@ -56,11 +58,14 @@ void attention_reference(const AttentionParams& p) {
           }
           if (has_sink) denom += std::exp(sink - m);
         }
+        // Non-finite inputs propagate: a NaN score, an infinite one (exp(inf - inf)) or a
+        // non-finite value of a visible key makes the row NaN. denom is 0 only with nothing visible.
+        if (nan_score) denom = std::numeric_limits<double>::quiet_NaN();
         auto* orow = static_cast<uint8_t*>(p.o) + ((q0 + i) * p.o_row_stride + h * p.o_head_stride) * ob;
-        for (int c = 0; c < dv; ++c) store_float(orow, p.o_dtype, c, denom > 0 ? float(acc[c] / denom) : 0.0f);
+        for (int c = 0; c < dv; ++c) store_float(orow, p.o_dtype, c, denom != 0 ? float(acc[c] / denom) : 0.0f);
         if (p.lse) {
           p.lse[(q0 + i) * p.num_heads + h] =
-              denom > 0 ? float(m + std::log(denom)) : -std::numeric_limits<float>::infinity();
+              denom != 0 ? float(m + std::log(denom)) : -std::numeric_limits<float>::infinity();
         }
       }
     }

@@ -17,6 +17,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "model/quant_matmul.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "common/f16-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -254,7 +255,7 @@ HWY_INLINE float dot_f16(const uint8_t* w, const float* x, int64_t k) {  // w ma
   auto acc = hn::Zero(df);
   int64_t i = 0;
   for (; i + n <= k; i += n) {
-    auto wv = hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(w + 2 * i)));
+    auto wv = escala::HWY_NAMESPACE::PromoteF16(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(w + 2 * i)));
     acc = hn::MulAdd(wv, hn::LoadU(df, x + i), acc);
   }
   float s = hn::GetLane(hn::SumOfLanes(df, acc));

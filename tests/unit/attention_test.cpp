@@ -2,20 +2,26 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 
 #include "attention/reference.h"
 #include "attention_case.h"
+#include "simd_targets.h"
 
 namespace escala::test {
 namespace {
 
 using attn::Impl;
 
-// Runs `impl` and the reference on the same case; checks O element-wise and the LSE.
-void check_against_reference(const AttnCase& c, Impl impl, uint32_t seed, int num_splits = 0) {
+// Runs `impl` and the reference on the same case (after `edit`, if any, changes its inputs);
+// checks O element-wise and the LSE. Where the reference is NaN (non-finite inputs), so must the
+// kernel be.
+void check_against_reference(const AttnCase& c, Impl impl, uint32_t seed, int num_splits = 0,
+                             const std::function<void(AttnBuffers&, std::mt19937&)>& edit = {}) {
   std::mt19937 rng(seed);
   AttnBuffers b = make_buffers(c, rng);
+  if (edit) edit(b, rng);
   auto o = poisoned_output(b);
   std::vector<float> lse(size_t(b.total_q) * c.h, std::nanf(""));
   attn::CpuOptions opt;
@@ -42,14 +48,18 @@ void check_against_reference(const AttnCase& c, Impl impl, uint32_t seed, int nu
   for (size_t i = 0; i < ref.size() && bad < 5; ++i) {
     const float got = output_at(o, c.o_dtype, int64_t(i));
     const double err = std::fabs(double(got) - ref[i]);
-    if (!(err <= tol.atol + tol.rtol * std::fabs(ref[i]))) {
+    const bool ok = std::isnan(ref[i]) ? std::isnan(got) : err <= tol.atol + tol.rtol * std::fabs(ref[i]);
+    if (!ok) {
       ++bad;
       ADD_FAILURE() << "O[" << i << "] = " << got << ", reference " << ref[i] << " (seed " << seed << ")";
     }
   }
   for (size_t i = 0; i < ref_lse.size() && bad < 5; ++i) {
     const bool both_empty = std::isinf(ref_lse[i]) && ref_lse[i] < 0 && std::isinf(lse[i]) && lse[i] < 0;
-    if (!both_empty && !(std::fabs(double(lse[i]) - ref_lse[i]) <= lse_tol * (1 + std::fabs(ref_lse[i])))) {
+    const bool ok = std::isnan(ref_lse[i]) ? std::isnan(lse[i])
+                                           : both_empty || std::fabs(double(lse[i]) - ref_lse[i]) <=
+                                                               lse_tol * (1 + std::fabs(ref_lse[i]));
+    if (!ok) {
       ++bad;
       ADD_FAILURE() << "LSE[" << i << "] = " << lse[i] << ", reference " << ref_lse[i] << " (seed " << seed << ")";
     }
@@ -119,6 +129,61 @@ TEST(Attention, PropertyRegressionSeeds) {
     const AttnCase c = random_case(case_rng, true);
     SCOPED_TRACE(::testing::Message() << "seed " << seed);
     check_against_reference(c, Impl::kDecode, seed);
+  }
+}
+
+// The same random cases with dispatch pinned to each compiled SIMD target (AVX-512, AVX2, SSE4,
+// SSSE3, scalar where built): each has its own lane count, row grouping and exp.
+TEST(Attention, EverySimdTargetMatchesReference) {
+  std::mt19937 rng(std::random_device{}());
+  for (int64_t target : simd_targets()) {
+    PinSimdTarget pin(target);
+    for (Impl impl : {Impl::kFlash, Impl::kDecode}) {
+      for (int iter = 0; iter < 12; ++iter) {
+        const uint32_t seed = rng();
+        std::mt19937 case_rng(seed);
+        const AttnCase c = random_case(case_rng, impl == Impl::kDecode);
+        SCOPED_TRACE(::testing::Message() << simd_target_name(target) << (impl == Impl::kFlash ? " flash" : " decode")
+                                          << " seed " << seed << " d=" << c.d << " kv=" << dtype_name(c.kv_dtype));
+        check_against_reference(c, impl, seed);
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  }
+}
+
+// Non-finite inputs propagate as they would in exact arithmetic (the reference decides which
+// outputs): a NaN or inf query element makes its row NaN, a NaN or +inf key element the rows that
+// see that key, a NaN value element that column of the rows that see it; a key a row does not see
+// leaves it untouched. Quantized K/V hold no NaN, so only their queries are poisoned. A NaN value
+// is placed only where every row sees every key: the kernels multiply whole tiles, so a row may
+// also read a masked key's NaN value (0 * NaN).
+TEST(Attention, NonFiniteInputsPropagate) {
+  std::mt19937 rng(std::random_device{}());
+  const float kBad[] = {std::nanf(""), std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  for (int64_t target : simd_targets()) {
+    PinSimdTarget pin(target);
+    for (Impl impl : {Impl::kFlash, Impl::kDecode}) {
+      for (int iter = 0; iter < 16; ++iter) {
+        const uint32_t seed = rng();
+        std::mt19937 case_rng(seed);
+        AttnCase c = random_case(case_rng, impl == Impl::kDecode);
+        const int what = is_quantized(c.kv_dtype) ? 0 : iter % 3;  // 0 Q, 1 K, 2 V
+        if (what == 2) c.causal = false, c.window_left = c.window_right = -1;
+        // An inf query element against int8 K/V: the decode kernel quantizes the row, so it is
+        // NaN there where exact arithmetic may give ±inf scores (finite after a soft-cap).
+        const float bad = what == 2 || is_quantized(c.kv_dtype) ? kBad[0] : kBad[iter / 3 % 3];
+        SCOPED_TRACE(::testing::Message() << simd_target_name(target) << (impl == Impl::kFlash ? " flash" : " decode")
+                                          << " seed " << seed << " poison " << "QKV"[what] << " = " << bad);
+        check_against_reference(c, impl, seed, 0, [&](AttnBuffers& b, std::mt19937& r) {
+          std::vector<uint8_t>& t = what == 0 ? b.q : what == 1 ? b.k : b.v;
+          const DType dt = what == 0 ? c.q_dtype : c.kv_dtype;
+          const int64_t n = int64_t(t.size() / dtype_size(dt));
+          for (int k = 0; k < 2; ++k) store_as(t.data(), dt, int64_t(r() % uint64_t(n)), bad);
+        });
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include "escala/quant.h"
 #include "model/quant_matmul_internal.h"
+#include "simd_targets.h"
 
 namespace escala::model {
 namespace {
@@ -117,6 +118,48 @@ TEST(QuantMatmul, PortableKernelsWhenVnniIsOff) {
     }
   }
   set_vnni_enabled(true);
+}
+
+// The portable kernels once per compiled SIMD target (AVX-512, AVX2, SSE4, ...), not only the
+// one this machine picks.
+TEST(QuantMatmul, EverySimdTargetMatchesReference) {
+  set_vnni_enabled(false);
+  uint32_t seed = 300;
+  for (int64_t target : escala::test::simd_targets()) {
+    escala::test::PinSimdTarget pin(target);
+    for (TensorType t : kAllTensorTypes) {
+      for (int64_t m : {1, 5}) {
+        SCOPED_TRACE(fmt::format("{} {} m={}", escala::test::simd_target_name(target), tensor_type_name(t), m));
+        Fixture f = make_weights(t, 19, 512, seed++);
+        auto x = make_acts(m, 512, seed++);
+        std::vector<float> y(static_cast<size_t>(m * 19), std::nanf(""));
+        ASSERT_TRUE(matmul(f.w, x.data(), m, y.data()).ok());
+        check_against_reference(f, x, m, y);
+      }
+    }
+  }
+  set_vnni_enabled(true);
+}
+
+// An inf or NaN f16 weight reaches its output on every target (Highway's software f16 conversion,
+// used without F16C, read them as finite numbers).
+TEST(QuantMatmul, NonFiniteF16WeightsPropagateOnEveryTarget) {
+  for (int64_t target : escala::test::simd_targets()) {
+    escala::test::PinSimdTarget pin(target);
+    SCOPED_TRACE(escala::test::simd_target_name(target));
+    Fixture f = make_weights(TensorType::kF16, 3, 64, 400);
+    auto* w16 = reinterpret_cast<uint16_t*>(f.bytes.data());
+    w16[0 * 64 + 5] = 0x7E00;  // row 0: NaN in the vector body
+    w16[1 * 64 + 63] = 0xFC00;  // row 1: -inf in the last lane
+    auto x = make_acts(2, 64, 401);
+    std::vector<float> y(6, 0.0f);
+    ASSERT_TRUE(matmul(f.w, x.data(), 2, y.data()).ok());
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(std::isnan(y[i * 3 + 0])) << y[i * 3 + 0];
+      EXPECT_TRUE(std::isinf(y[i * 3 + 1])) << y[i * 3 + 1];
+      EXPECT_TRUE(std::isfinite(y[i * 3 + 2])) << y[i * 3 + 2];
+    }
+  }
 }
 
 TEST(QuantMatmul, OddBlockCountsAndTails) {

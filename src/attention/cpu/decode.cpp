@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "attention/cpu/exp-inl.h"
+#include "common/f16-inl.h"
 #include "attention/cpu/kernels.h"
 #include "attention/cpu/tile_load-inl.h"
 #include "attention/kv_layout.h"
@@ -104,7 +105,7 @@ HWY_INLINE VF load_lanes(DF df, const uint8_t* HWY_RESTRICT row, size_t c) {
     return hn::BitCast(df, hn::ShiftLeft<16>(x));
   } else if constexpr (T == DType::kF16) {
     const hn::Rebind<hwy::float16_t, DF> dh;
-    return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + c));
+    return escala::HWY_NAMESPACE::PromoteF16(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(row) + c));
   } else if constexpr (T == DType::kI8) {
     const hn::Rebind<int8_t, DF> d8;
     const hn::Rebind<int32_t, DF> di;
@@ -307,10 +308,16 @@ HWY_INLINE __m512i dpbusd(__m512i acc, __m512i k, __m512i q) {
 // one part, for one broadcast) in the pass's layout digits[d / 4][4 rows][kDigits parts], its
 // excess corrections corr[kDigits] and its step qs. q * (kQMax / max) is within 1.5 units of the exact quotient.
 ESCALA_VNNI_ATTR void quantize_query_row(const float* q, int d, int r, int32_t* digits, int32_t* corr, float* qs) {
-  __m512 mx = _mm512_setzero_ps();
-  for (int c = 0; c < d; c += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(q + c)));
+  // nonfinite stays 0 unless the row has a NaN or inf (times 0 gives NaN): then the step, and so
+  // every score of the row, is NaN, as the float path would give, not a quantized number.
+  __m512 mx = _mm512_setzero_ps(), nonfinite = _mm512_setzero_ps();
+  for (int c = 0; c < d; c += 16) {
+    const __m512 x = _mm512_loadu_ps(q + c);
+    mx = _mm512_max_ps(mx, _mm512_abs_ps(x));
+    nonfinite = _mm512_fmadd_ps(x, _mm512_setzero_ps(), nonfinite);
+  }
   const float m = _mm512_reduce_max_ps(mx);
-  const float step = m > 0.0f ? m / float(kQMax) : 0.0f;
+  const float step = (m > 0.0f ? m / float(kQMax) : 0.0f) + _mm512_reduce_add_ps(nonfinite);
   const __m512 inv = _mm512_set1_ps(m > 0.0f ? float(kQMax) / m : 0.0f);
   const __m512i lo = _mm512_set1_epi32(-kQMax), hi = _mm512_set1_epi32(kQMax), half = _mm512_set1_epi32(128),
                 mask = _mm512_set1_epi32(255);
@@ -842,7 +849,7 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
       float lr = 0.0f;
       for (int kk = 0; kk < L / nr; ++kk) lr += l[st + kk * nr + r % nr];
       const float mr = m[st + r % nr];
-      const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+      const float inv = lr != 0.0f ? 1.0f / lr : 0.0f;  // 0: nothing visible; NaN goes on
       const float inv_o = inv * unbias;  // fp8: the V half of 2^120
       const float* orow = o + size_t(rp) * dvp;
 #if ESCALA_DECODE_VNNI
@@ -851,7 +858,7 @@ HWY_ATTR void run_split(const AttentionParams& p, const Geometry& g, int split, 
       else
 #endif
         for (int c = 0; c < dv; ++c) out_o[size_t(ro) * dv + c] = orow[c] * inv_o;
-      out_lse[ro] = lr > 0.0f ? mr + std::log(lr) : kNegInf;
+      out_lse[ro] = lr != 0.0f ? mr + std::log(lr) : kNegInf;
     }
 }
 

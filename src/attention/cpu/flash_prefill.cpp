@@ -299,14 +299,16 @@ HWY_ATTR void run_item(const AttentionParams& p, const WorkItem& w, Scratch& s) 
       if (p.sink_logits) {
         const float sink = p.sink_logits[h];
         const float mf = std::max(mr, sink);
-        wscale = lr > 0.0f ? std::exp(mr - mf) : 0.0f;
+        wscale = lr != 0.0f ? std::exp(mr - mf) : 0.0f;
         lr = lr * wscale + std::exp(sink - mf);
         mr = mf;
       }
-      const float inv = lr > 0.0f ? wscale / lr : 0.0f;
+      // lr is 0 only for a row with nothing visible (zeros, LSE -inf); NaN from a non-finite input
+      // goes on into O and the LSE.
+      const float inv = lr != 0.0f ? wscale / lr : 0.0f;
       auto* dst = static_cast<uint8_t*>(p.o) + ((q0 + i) * p.o_row_stride + h * p.o_head_stride) * ob;
       for (int c = 0; c < dv; ++c) store_float(dst, p.o_dtype, c, ot[size_t(c) * bq + row] * inv);
-      if (p.lse) p.lse[(q0 + i) * p.num_heads + h] = lr > 0.0f ? mr + std::log(lr) : kNegInf;
+      if (p.lse) p.lse[(q0 + i) * p.num_heads + h] = lr != 0.0f ? mr + std::log(lr) : kNegInf;
     }
   }
 }

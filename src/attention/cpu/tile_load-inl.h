@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "attention/kv_layout.h"
+#include "common/f16-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -36,7 +37,7 @@ inline void row_to_f32(const void* src, DType t, int n, float scale, float* HWY_
       const hn::Rebind<hwy::float16_t, decltype(df)> dh;
       const auto* s = static_cast<const hwy::float16_t*>(src);
       for (; c + int(L) <= n; c += int(L))
-        hn::StoreU(hn::Mul(hn::PromoteTo(df, hn::LoadU(dh, s + c)), vs), df, out + c);
+        hn::StoreU(hn::Mul(escala::HWY_NAMESPACE::PromoteF16(df, hn::LoadU(dh, s + c)), vs), df, out + c);
       for (; c < n; ++c) out[c] = f16_to_f32(static_cast<const uint16_t*>(src)[c]) * scale;
       break;
     }
