@@ -53,15 +53,23 @@ struct Request {
   int32_t max_tokens = 128;        // generated tokens at most
   std::vector<std::string> stop;   // stop strings (not part of the output)
   bool ignore_eos = false;         // keep going past end-of-generation tokens
+  // -1: off. Otherwise each generated token's event carries its log-probability and those of
+  // this many (at most 20) most likely tokens (token_logprobs in sampler.h).
+  int32_t logprobs = -1;
+  // Choices: the prompt is computed once, then its sequence forks (the KV blocks are shared,
+  // copy-on-write) into n that sample independently, choice i with seed + i. At most max batch.
+  int32_t n = 1;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
 
-// What a client reads: new tokens with the text that became final, then one last event with
-// `finished` set.
+// What a client reads, per choice: new tokens with the text that became final, then one last event
+// with `finished` set. A request of n choices ends after n finished events.
 struct Event {
+  int32_t index = 0;            // the choice (0 .. n-1)
   std::vector<int32_t> tokens;  // generated tokens since the last event
+  std::vector<TokenLogprob> logprobs;  // one per token, when the request asked for them
   std::string text;             // text that became final (stop strings held back / cut)
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
@@ -77,8 +85,8 @@ class Engine;
 class RequestHandle {
  public:
   uint64_t id() const { return id_; }
-  // Waits up to `timeout` for events; returns them all (empty on timeout). After the event with
-  // `finished` set nothing more comes.
+  // Waits up to `timeout` for events; returns them all (empty on timeout). After a choice's event
+  // with `finished` set nothing more comes for that choice.
   std::vector<Event> wait(std::chrono::milliseconds timeout);
   // Asks the engine to stop this request; its blocks are freed at the start of the next step
   // (the engine looks at the flag every step, and at least every 50 ms when idle).

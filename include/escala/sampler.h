@@ -1,11 +1,13 @@
-// Token sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence / frequency
-// penalties, with a seed that makes runs repeatable.
+// Token sampling: logit bias, greedy, temperature, top-k, top-p, min-p, repetition / presence /
+// frequency penalties, with a seed that makes runs repeatable; and the model's log-probabilities of
+// a token and of the most likely ones (OpenAI's logprobs).
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "escala/status.h"
@@ -22,6 +24,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
   int32_t penalty_last_n = 64;  // tokens of history the penalties look at
   uint64_t seed = 0;
+  // Added to those tokens' logits before anything else (OpenAI's logit_bias, in [-100, 100]):
+  // -100 in effect bans a token, +100 forces it among the allowed.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // A one-line error for out-of-range values.
   Status validate() const;
@@ -41,5 +46,15 @@ class Sampler {
   std::vector<int32_t> history_;
   std::vector<std::pair<float, int32_t>> cand_;  // scratch, reused
 };
+
+// The model's log-probabilities, log_softmax of the raw logits (before bias, penalties and
+// temperature, as vLLM reports by default): of `token`, and of the `top_n` most likely tokens, most
+// likely first (ties: lower id first).
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+TokenLogprob token_logprobs(std::span<const float> logits, int32_t token, int32_t top_n);
 
 }  // namespace escala::engine

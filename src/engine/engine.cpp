@@ -31,6 +31,9 @@ struct Seq {
   bool in_cache = false;
   bool admitted_once = false;
   bool first_token = false;
+  int32_t index = 0;        // the choice this sequence produces
+  int32_t fan_out = 1;      // > 1 until the prompt is computed: then it forks into that many choices
+  std::shared_ptr<int32_t> open_choices;  // choices of the request not finished yet (shared by siblings)
   int64_t admitted_step = -1;
   Clock::time_point arrival;
   std::unique_ptr<Sampler> sampler;
@@ -112,7 +115,9 @@ struct Engine::Impl {
   void step();
   void drop_cancelled();
   void finish(Seq& s, FinishReason reason, Event ev, std::string error = {});
-  void on_token(Seq& s, int32_t tok);
+  void on_token(Seq& s, int32_t tok, TokenLogprob* logprob);
+  void sample(Seq& s, std::span<const float> row_logits);
+  std::vector<std::unique_ptr<Seq>> fork_choices(Seq& parent);
   void preempt(size_t running_index);
   void publish();
   int64_t watermark() const { return std::max<int64_t>(1, cache.num_blocks() / 100); }
@@ -158,6 +163,11 @@ Result<std::shared_ptr<RequestHandle>> Engine::submit(Request r) {
   ESCALA_RETURN_IF_ERROR(r.sampling.validate());
   ESCALA_CHECK_ARG(!r.prompt.empty(), "the prompt is empty");
   ESCALA_CHECK_ARG(r.max_tokens >= 0, "max_tokens must be >= 0 (got {})", r.max_tokens);
+  ESCALA_CHECK_ARG(r.logprobs >= -1 && r.logprobs <= 20, "logprobs must be in [0, 20] or -1 (got {})", r.logprobs);
+  ESCALA_CHECK_ARG(r.n >= 1 && r.n <= m.options.max_batch, "n must be in [1, {}] (the max batch) (got {})",
+                   m.options.max_batch, r.n);
+  for (const auto& [t, bias] : r.sampling.logit_bias)
+    ESCALA_CHECK_ARG(t < m.vocab, "logit_bias: token id {} is out of range [0, {})", t, m.vocab);
   for (int32_t t : r.prompt)
     ESCALA_CHECK_ARG(t >= 0 && t < m.vocab, "token id {} is out of range [0, {})", t, m.vocab);
   for (const auto& s : r.stop) ESCALA_CHECK_ARG(!s.empty(), "stop strings must not be empty");
@@ -175,6 +185,8 @@ Result<std::shared_ptr<RequestHandle>> Engine::submit(Request r) {
   for (int32_t t : r.prompt) s->sampler->accept(t);
   s->decoder = std::make_unique<model::StreamDecoder>(m.tokenizer);
   s->stops = StopMatcher(r.stop);
+  s->fan_out = r.n;
+  s->open_choices = std::make_shared<int32_t>(r.n);
   s->req = std::move(r);
   auto handle = s->handle;
   {
@@ -184,11 +196,14 @@ Result<std::shared_ptr<RequestHandle>> Engine::submit(Request r) {
       return Status::error(fmt::format("the request queue is full ({} waiting)", m.options.max_queue));
     handle->id_ = m.next_handle++;
     if (s->req.max_tokens == 0) {  // nothing to compute
-      Event ev;
-      ev.finished = true;
-      ev.reason = FinishReason::kLength;
-      ev.prompt_tokens = s->prompt_len;
-      handle->push(std::move(ev));
+      for (int32_t i = 0; i < s->req.n; ++i) {
+        Event ev;
+        ev.index = i;
+        ev.finished = true;
+        ev.reason = FinishReason::kLength;
+        ev.prompt_tokens = s->prompt_len;
+        handle->push(std::move(ev));
+      }
       return handle;
     }
     m.incoming.push_back(std::move(s));
@@ -275,15 +290,30 @@ void Engine::Impl::finish(Seq& s, FinishReason reason, Event ev, std::string err
   // string cut it).
   if ((reason == FinishReason::kLength || reason == FinishReason::kStop) && !s.stops.stopped())
     ev.text += s.stops.push(s.decoder->flush()) + s.stops.flush();
+  ev.index = s.index;
   ev.finished = true;
   ev.reason = reason;
   ev.error = std::move(error);
   ev.prompt_tokens = s.prompt_len;
   ev.completion_tokens = s.generated;
   ev.cached_tokens = s.cached_tokens;
-  if (reason == FinishReason::kCancelled) ++st.requests_cancelled;
-  else if (reason == FinishReason::kError) ++st.requests_failed;
-  else ++st.requests_finished;
+  // Not forked yet: the choices that would have come from this sequence end with it.
+  const int32_t ending = s.fan_out;
+  *s.open_choices -= ending;
+  if (*s.open_choices == 0) {  // the request's last choice: count the request once
+    if (reason == FinishReason::kCancelled) ++st.requests_cancelled;
+    else if (reason == FinishReason::kError) ++st.requests_failed;
+    else ++st.requests_finished;
+  }
+  for (int32_t i = 1; i < ending; ++i) {
+    Event other;
+    other.index = s.index + i;
+    other.finished = true;
+    other.reason = reason;
+    other.error = ev.error;
+    other.prompt_tokens = s.prompt_len;
+    s.handle->push(std::move(other));
+  }
   s.handle->push(std::move(ev));
 }
 
@@ -312,7 +342,7 @@ void Engine::Impl::preempt(size_t i) {
   waiting.push_front(std::move(s));
 }
 
-void Engine::Impl::on_token(Seq& s, int32_t tok) {
+void Engine::Impl::on_token(Seq& s, int32_t tok, TokenLogprob* logprob) {
   s.sampler->accept(tok);
   if (!s.first_token) {
     s.first_token = true;
@@ -323,6 +353,7 @@ void Engine::Impl::on_token(Seq& s, int32_t tok) {
     ++st.ttft_count;
   }
   Event ev;
+  ev.index = s.index;
   if (!s.req.ignore_eos && tokenizer.is_end_of_generation(tok)) {
     finish(s, FinishReason::kStop, std::move(ev));
     return;
@@ -331,6 +362,7 @@ void Engine::Impl::on_token(Seq& s, int32_t tok) {
   ++s.generated;
   ++st.generated_tokens;
   ev.tokens.push_back(tok);
+  if (logprob) ev.logprobs.push_back(std::move(*logprob));
   auto piece = s.decoder->push(tok);
   if (!piece.ok()) {
     finish(s, FinishReason::kError, std::move(ev), piece.message());
@@ -344,6 +376,49 @@ void Engine::Impl::on_token(Seq& s, int32_t tok) {
   } else {
     s.handle->push(std::move(ev));
   }
+}
+
+void Engine::Impl::sample(Seq& s, std::span<const float> row_logits) {
+  const int32_t tok = s.sampler->sample(row_logits);
+  if (s.req.logprobs >= 0) {
+    TokenLogprob lp = token_logprobs(row_logits, tok, s.req.logprobs);
+    on_token(s, tok, &lp);
+  } else {
+    on_token(s, tok, nullptr);
+  }
+}
+
+// Choices 1 .. n-1 of `parent` (choice 0 stays `parent`), each a fork of its computed prompt in the
+// cache with its own sampler (seed + i), detokenizer and stop strings. A fork that fails ends its
+// choice with an error; the others go on.
+std::vector<std::unique_ptr<Seq>> Engine::Impl::fork_choices(Seq& parent) {
+  std::vector<std::unique_ptr<Seq>> out;
+  for (int32_t i = 1; i < parent.fan_out; ++i) {
+    auto c = std::make_unique<Seq>();
+    c->handle = parent.handle;
+    c->req = parent.req;
+    c->req.sampling.seed = parent.req.sampling.seed + uint64_t(i);
+    c->tokens = parent.tokens;
+    c->prompt_len = parent.prompt_len;
+    c->computed = parent.computed;
+    c->admitted_once = true;
+    c->first_token = true;  // time to first token counts once per request
+    c->admitted_step = parent.admitted_step;
+    c->arrival = parent.arrival;
+    c->sampler = std::make_unique<Sampler>(c->req.sampling);
+    for (int32_t t : c->tokens) c->sampler->accept(t);
+    c->decoder = std::make_unique<model::StreamDecoder>(tokenizer);
+    c->stops = StopMatcher(c->req.stop);
+    c->index = parent.index + i;
+    c->open_choices = parent.open_choices;
+    c->id = next_seq++;
+    const Status forked = cache.fork(parent.id, c->id);
+    if (forked.ok()) c->in_cache = true;
+    else finish(*c, FinishReason::kError, {}, forked.message());
+    out.push_back(std::move(c));
+  }
+  parent.fan_out = 1;
+  return out;
 }
 
 void Engine::Impl::step() {
@@ -365,7 +440,10 @@ void Engine::Impl::step() {
   }
   // Admission, first come first served: the head of the queue waits until its whole prompt fits.
   int64_t reserved = 0;
-  while (!waiting.empty() && int64_t(running.size()) < options.max_batch && budget > 0) {
+  // A request of n choices takes n places in the batch (it forks once its prompt is computed).
+  int64_t places = 0;
+  for (const auto& s : running) places += s->fan_out;
+  while (!waiting.empty() && places + waiting.front()->fan_out <= options.max_batch && budget > 0) {
     Seq& s = *waiting.front();
     const kv::PromptProbe probe = cache.probe_prompt(s.tokens);
     if (probe.blocks_needed + reserved + watermark() > probe.blocks_available) {
@@ -394,6 +472,7 @@ void Engine::Impl::step() {
       st.prompt_tokens += s.prompt_len;
     }
     reserved += probe.blocks_needed;
+    places += s.fan_out;
     const int64_t n = std::min<int64_t>({int64_t(s.tokens.size()) - s.computed, options.prefill_chunk, budget});
     items.push_back({&s, n});
     budget -= n;
@@ -453,9 +532,16 @@ void Engine::Impl::step() {
     Seq& s = *items[i].seq;
     s.computed += items[i].n;
     if (!batch[i].want_logits) continue;
-    const int32_t tok = s.sampler->sample(std::span<const float>(logits).subspan(size_t(row * vocab), size_t(vocab)));
+    const auto row_logits = std::span<const float>(logits).subspan(size_t(row * vocab), size_t(vocab));
     ++row;
-    on_token(s, tok);
+    // A request of n choices forks once its prompt is computed; every choice samples this row.
+    std::vector<std::unique_ptr<Seq>> choices = s.fan_out > 1 ? fork_choices(s) : std::vector<std::unique_ptr<Seq>>{};
+    sample(s, row_logits);
+    for (auto& c : choices) {
+      if (!c->in_cache) continue;  // its fork failed: already finished with the error
+      sample(*c, row_logits);
+      if (c->in_cache) running.push_back(std::move(c));
+    }
   }
   // Sequences that finished (their cache entry is gone) leave the running list.
   running.erase(std::remove_if(running.begin(), running.end(), [](const std::unique_ptr<Seq>& s) { return !s->in_cache; }),

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace escala::engine {
 
@@ -20,6 +21,11 @@ Status SamplingParams::validate() const {
   ESCALA_CHECK_ARG(std::isfinite(frequency_penalty) && std::fabs(frequency_penalty) <= 10,
                    "sampling: frequency_penalty must be in [-10, 10] (got {})", frequency_penalty);
   ESCALA_CHECK_ARG(penalty_last_n >= 0, "sampling: penalty_last_n must be >= 0 (got {})", penalty_last_n);
+  for (const auto& [tok, bias] : logit_bias) {
+    ESCALA_CHECK_ARG(tok >= 0, "sampling: logit_bias token id {} is negative", tok);
+    ESCALA_CHECK_ARG(std::isfinite(bias) && std::fabs(bias) <= 100,
+                     "sampling: logit_bias for token {} must be in [-100, 100] (got {})", tok, bias);
+  }
   return {};
 }
 
@@ -30,9 +36,9 @@ void Sampler::accept(int32_t token) { history_.push_back(token); }
 int32_t Sampler::sample(std::span<const float> logits) {
   const int32_t n = int32_t(logits.size());
   const bool penalise = p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
-  // Greedy: the first maximum (stable across runs and batch sizes). Without penalties the logits
-  // are read in place (copying 49k candidates cost as much as the argmax, per token).
-  if (p_.temperature == 0.0f && !(penalise && p_.penalty_last_n > 0 && !history_.empty())) {
+  // Greedy: the first maximum (stable across runs and batch sizes). Without penalties or bias the
+  // logits are read in place (copying 49k candidates cost as much as the argmax, per token).
+  if (p_.temperature == 0.0f && p_.logit_bias.empty() && !(penalise && p_.penalty_last_n > 0 && !history_.empty())) {
     int32_t best = 0;
     for (int32_t i = 1; i < n; ++i)
       if (logits[i] > logits[best]) best = i;
@@ -40,6 +46,8 @@ int32_t Sampler::sample(std::span<const float> logits) {
   }
   cand_.resize(n);
   for (int32_t i = 0; i < n; ++i) cand_[i] = {logits[i], i};
+  for (const auto& [tok, bias] : p_.logit_bias)
+    if (tok < n) cand_[tok].first += bias;
 
   // Penalties over the recent history (llama.cpp's semantics).
   if (penalise && p_.penalty_last_n > 0 && !history_.empty()) {
@@ -96,6 +104,39 @@ int32_t Sampler::sample(std::span<const float> logits) {
     if (r <= 0) return cand_[i].second;
   }
   return cand_[keep - 1].second;
+}
+
+TokenLogprob token_logprobs(std::span<const float> logits, int32_t token, int32_t top_n) {
+  const int32_t n = int32_t(logits.size());
+  float mx = -std::numeric_limits<float>::infinity();
+  for (float x : logits) mx = std::max(mx, x);
+  double sum = 0;
+  for (float x : logits) sum += std::exp(double(x - mx));
+  const double log_z = double(mx) + std::log(sum);
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = float(double(logits[size_t(token)]) - log_z);
+  // The top_n largest (logit, id), most likely first; a small heap over one pass of the logits.
+  const int32_t k = std::min(std::max(top_n, 0), n);
+  auto before = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  std::vector<std::pair<float, int32_t>> heap;  // the worst kept on top
+  heap.reserve(size_t(k) + 1);
+  for (int32_t i = 0; i < n && k > 0; ++i) {
+    const std::pair<float, int32_t> c{logits[size_t(i)], i};
+    if (int32_t(heap.size()) < k) {
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end(), before);
+    } else if (before(c, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), before);
+      heap.back() = c;
+      std::push_heap(heap.begin(), heap.end(), before);
+    }
+  }
+  std::sort(heap.begin(), heap.end(), before);
+  for (const auto& [l, id] : heap) out.top.emplace_back(id, float(double(l) - log_z));
+  return out;
 }
 
 }  // namespace escala::engine

@@ -136,6 +136,15 @@ void HttpServer::Impl::routes() {
 
   svr.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { completion(q, r, false); });
   svr.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { completion(q, r, true); });
+  auto tokens_route = [this](auto handler) {
+    return [this, handler](const httplib::Request& q, httplib::Response& r) {
+      json out;
+      if (auto e = handler(q.body, ctx, out)) return send_error(r, *e);
+      r.set_content(dump(out), "application/json");
+    };
+  };
+  svr.Post("/tokenize", tokens_route(tokenize_request));
+  svr.Post("/detokenize", tokens_route(detokenize_request));
   auto model_json = [this] {
     return json{{"id", options.model_id},
                 {"object", "model"},
@@ -195,6 +204,8 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
   if (stopping) return send_error(res, server_error(503, "the server is shutting down", "server_error", "shutting_down"));
   ApiRequest ar;
   if (auto e = parse_request(req.body, chat, ctx, ar)) return send_error(res, *e);
+  const bool want_logprobs = ar.request.logprobs >= 0;
+  const int n = ar.request.n;
   auto submitted = engine.submit(std::move(ar.request));
   if (!submitted.ok()) {
     const std::string& m = submitted.message();
@@ -212,54 +223,73 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
   const std::string model = options.model_id;
 
   if (!ar.stream) {
-    std::string text;
-    engine::Event last;
+    std::vector<ChoiceResult> choices(static_cast<size_t>(n));
+    std::vector<std::vector<engine::TokenLogprob>> logprobs(static_cast<size_t>(n));
+    Usage usage{};
+    engine::FinishReason failed = engine::FinishReason::kNone;
+    std::string error;
     PeerWatch watch(req);
-    for (bool done = false; !done;) {
+    for (int finished = 0; finished < n;) {
       auto events = handle->wait(kPoll);
       for (auto& ev : events) {
-        text += ev.text;
-        if (ev.finished) {
-          last = std::move(ev);
-          done = true;
+        const size_t c = size_t(ev.index);
+        choices[c].text += ev.text;
+        for (auto& lp : ev.logprobs) logprobs[c].push_back(std::move(lp));
+        if (!ev.finished) continue;
+        ++finished;
+        choices[c].finish_reason = finish_name(ev.reason);
+        usage.prompt_tokens = ev.prompt_tokens;
+        usage.completion_tokens += ev.completion_tokens;
+        if (ev.index == 0) usage.cached_tokens = ev.cached_tokens;
+        if (ev.reason == engine::FinishReason::kCancelled || ev.reason == engine::FinishReason::kError) {
+          if (failed != engine::FinishReason::kError) failed = ev.reason, error = ev.error;
+          handle->cancel();  // one choice failed: the answer cannot be whole, stop the others
         }
       }
       // Nothing is written before the answer is complete, so a client that hangs up is seen on
-      // its socket: cancel, which frees the blocks (the final event follows).
-      if (!done && !handle->cancelled() && watch.gone()) handle->cancel();
+      // its socket: cancel, which frees the blocks (the final events follow).
+      if (finished < n && !handle->cancelled() && watch.gone()) handle->cancel();
     }
-    if (last.reason == engine::FinishReason::kCancelled && handle->cancelled())
+    if (failed == engine::FinishReason::kError)
+      return send_error(res, server_error(500, error, "server_error", "internal_error"));
+    if (failed == engine::FinishReason::kCancelled && watch.gone())
       return send_error(res, server_error(499, "the client closed the connection", "server_error", "cancelled"));
-    if (last.reason == engine::FinishReason::kCancelled)
+    if (failed == engine::FinishReason::kCancelled)
       return send_error(res, server_error(503, "the request was cancelled (server shutting down)", "server_error",
                                           "cancelled"));
-    if (last.reason == engine::FinishReason::kError)
-      return send_error(res, server_error(500, last.error, "server_error", "internal_error"));
-    const Usage u{last.prompt_tokens, last.completion_tokens, last.cached_tokens};
-    res.set_content(dump(completion_response(chat, id, created, model, text, finish_name(last.reason), u)),
-                    "application/json");
+    for (size_t c = 0; c < choices.size(); ++c) {
+      int64_t offset = 0;
+      choices[c].logprobs = want_logprobs ? logprobs_json(chat, logprobs[c], tokenizer, offset) : json(nullptr);
+    }
+    res.set_content(dump(completion_response(chat, id, created, model, choices, usage)), "application/json");
     return;
   }
 
   struct Stream {
     std::shared_ptr<engine::RequestHandle> handle;
     PeerWatch watch;
-    bool first = true, finished = false;
+    int n = 1, finished_choices = 0;
+    bool started = false, finished = false;
+    Usage usage{};
+    std::vector<int64_t> text_offset{};  // completions' logprobs.text_offset per choice, across chunks
   };
-  auto st = std::make_shared<Stream>(Stream{handle, PeerWatch(req)});
+  auto st = std::make_shared<Stream>(Stream{handle, PeerWatch(req), n});
+  st->text_offset.assign(size_t(n), 0);
   const bool include_usage = ar.include_usage;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [st, chat, id, created, model, include_usage](size_t, httplib::DataSink& sink) {
+      [this, st, chat, id, created, model, include_usage, want_logprobs](size_t, httplib::DataSink& sink) {
         auto write = [&](const std::string& s) {
           if (sink.write(s.data(), s.size())) return true;
           st->handle->cancel();  // the client is gone: free its blocks
           return false;
         };
-        if (st->first && chat) {  // the role first, as OpenAI does
-          st->first = false;
-          if (!write(sse(stream_chunk(true, id, created, model, "", nullptr, true)))) return false;
+        if (!st->started) {
+          st->started = true;
+          if (chat)  // each choice's role first, as OpenAI does
+            for (int c = 0; c < st->n; ++c)
+              if (!write(sse(stream_chunk(true, id, created, model, c, "", nullptr, true)))) return false;
         }
         auto events = st->handle->wait(kPoll);
         // A request still queued (or prefilling) writes nothing, so a client gone meanwhile is seen
@@ -269,23 +299,34 @@ void HttpServer::Impl::completion(const httplib::Request& req, httplib::Response
           return false;
         }
         for (auto& ev : events) {
-          if (!ev.text.empty()) {
-            if (!write(sse(stream_chunk(chat, id, created, model, ev.text, nullptr, false)))) return false;
+          // A token's log-probabilities go with the chunk of its event, even when its text is held
+          // back (a possible stop string, an incomplete character).
+          if (!ev.text.empty() || (want_logprobs && !ev.logprobs.empty())) {
+            const json lp = want_logprobs ? logprobs_json(chat, ev.logprobs, tokenizer, st->text_offset[size_t(ev.index)])
+                                          : json(nullptr);
+            if (!write(sse(stream_chunk(chat, id, created, model, ev.index, ev.text, nullptr, false, lp)))) return false;
           }
           if (!ev.finished) continue;
-          st->finished = true;
           if (ev.reason == engine::FinishReason::kCancelled || ev.reason == engine::FinishReason::kError) {
+            // One choice failed: report it, end the stream and stop the other choices.
+            st->finished = true;
+            st->handle->cancel();
             const ApiError e = ev.reason == engine::FinishReason::kError
                                    ? server_error(500, ev.error, "server_error", "internal_error")
                                    : server_error(503, "the request was cancelled", "server_error", "cancelled");
             if (!write("data: " + error_body(e) + "\n\n")) return false;
-          } else {
-            if (!write(sse(stream_chunk(chat, id, created, model, "", finish_name(ev.reason), false)))) return false;
-            if (include_usage &&
-                !write(sse(usage_chunk(chat, id, created, model,
-                                       Usage{ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens}))))
-              return false;
+            if (!write("data: [DONE]\n\n")) return false;
+            sink.done();
+            return true;
           }
+          if (!write(sse(stream_chunk(chat, id, created, model, ev.index, "", finish_name(ev.reason), false))))
+            return false;
+          st->usage.prompt_tokens = ev.prompt_tokens;
+          st->usage.completion_tokens += ev.completion_tokens;
+          if (ev.index == 0) st->usage.cached_tokens = ev.cached_tokens;
+          if (++st->finished_choices < st->n) continue;
+          st->finished = true;
+          if (include_usage && !write(sse(usage_chunk(chat, id, created, model, st->usage)))) return false;
           if (!write("data: [DONE]\n\n")) return false;
           sink.done();
           return true;

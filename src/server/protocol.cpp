@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <ctime>
@@ -103,6 +104,28 @@ std::optional<ApiError> content_text(const json& c, const std::string& param, st
   return std::nullopt;
 }
 
+// A JSON object body (within the depth limit), or the error.
+std::optional<ApiError> parse_object(const std::string& body, const ProtocolContext& ctx, json& b) {
+  if (json_depth(body, ctx.max_json_depth) > ctx.max_json_depth)
+    return bad(fmt::format("the JSON body is nested deeper than {} levels", ctx.max_json_depth), "", "invalid_json");
+  b = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (b.is_discarded()) return bad("the body is not valid JSON (UTF-8)", "", "invalid_json");
+  if (!b.is_object()) return bad(fmt::format("the body must be a JSON object (got {})", type_name(b)), "", "invalid_json");
+  return std::nullopt;
+}
+
+// model: optional; when given it must name the served model.
+std::optional<ApiError> check_model(const json& b, const ProtocolContext& ctx) {
+  auto it = b.find("model");
+  if (it == b.end() || it->is_null()) return std::nullopt;
+  if (!it->is_string()) return wrong_type("model", *it, "a string");
+  if (*it == ctx.model_id) return std::nullopt;
+  ApiError e = bad(fmt::format("The model '{}' does not exist (this server serves '{}')", it->get<std::string>(),
+                               ctx.model_id),
+                   "model", "model_not_found");
+  e.status = 404;
+  return e;
+}
 }  // namespace
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -136,52 +159,30 @@ int json_depth(const std::string& body, int limit) {
 }
 
 std::optional<ApiError> parse_request(const std::string& body, bool chat, const ProtocolContext& ctx, ApiRequest& out) {
-  if (json_depth(body, ctx.max_json_depth) > ctx.max_json_depth)
-    return bad(fmt::format("the JSON body is nested deeper than {} levels", ctx.max_json_depth), "", "invalid_json");
-  json b = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (b.is_discarded()) return bad("the body is not valid JSON (UTF-8)", "", "invalid_json");
-  if (!b.is_object()) return bad(fmt::format("the body must be a JSON object (got {})", type_name(b)), "", "invalid_json");
+  json b;
+  if (auto e = parse_object(body, ctx, b)) return e;
   out = ApiRequest{};
   out.chat = chat;
+  if (auto e = check_model(b, ctx)) return e;
 
-  // model: optional; when given it must name the served model.
-  if (auto it = b.find("model"); it != b.end() && !it->is_null()) {
-    if (!it->is_string()) return wrong_type("model", *it, "a string");
-    if (*it != ctx.model_id) {
-      ApiError e;
-      e.status = 404;
-      e.message = fmt::format("The model '{}' does not exist (this server serves '{}')", it->get<std::string>(),
-                              ctx.model_id);
-      e.param = "model";
-      e.code = "model_not_found";
-      return e;
-    }
-  }
-
-  // Unsupported features are refused rather than silently ignored.
-  if (auto it = b.find("n"); it != b.end() && !it->is_null()) {
-    if (!it->is_number_integer()) return wrong_type("n", *it, "an integer");
-    if (*it != 1) return bad("only n = 1 is supported", "n");
-  }
+  // n choices (the prompt computed once, then forked); best_of only as n, which it then equals.
+  std::optional<int64_t> n;
+  if (auto e = get_int(b, "n", 1, kMaxChoices, n)) return e;
+  out.request.n = int32_t(n ? *n : 1);
   if (auto it = b.find("best_of"); it != b.end() && !it->is_null()) {
     if (!it->is_number_integer()) return wrong_type("best_of", *it, "an integer");
-    if (*it != 1) return bad("only best_of = 1 is supported", "best_of");
+    if (*it != out.request.n) return bad("'best_of' is supported only equal to n (no ranking of choices)", "best_of");
   }
-  for (const char* key : {"logprobs", "echo"}) {
-    if (auto it = b.find(key); it != b.end() && !it->is_null()) {
-      if (!it->is_boolean() && !it->is_number_integer()) return wrong_type(key, *it, "a boolean or an integer");
-      if ((it->is_boolean() && it->get<bool>()) || (it->is_number_integer() && *it != 0))
-        return bad(fmt::format("'{}' is not supported", key), key, "unsupported_value");
-    }
+  // Unsupported features are refused rather than silently ignored.
+  if (auto it = b.find("echo"); it != b.end() && !it->is_null()) {
+    if (!it->is_boolean()) return wrong_type("echo", *it, "a boolean");
+    if (it->get<bool>()) return bad("'echo' is not supported", "echo", "unsupported_value");
   }
   if (auto it = b.find("suffix"); it != b.end() && !it->is_null())
     return bad("'suffix' is not supported", "suffix", "unsupported_value");
   if (auto it = b.find("tools"); it != b.end() && !it->is_null() && !(it->is_array() && it->empty()))
     return bad("'tools' are not supported", "tools", "unsupported_value");
-  if (auto it = b.find("logit_bias"); it != b.end() && !it->is_null()) {
-    if (!it->is_object()) return wrong_type("logit_bias", *it, "an object");
-    if (!it->empty()) return bad("'logit_bias' is not supported", "logit_bias", "unsupported_value");
-  }
+
   if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
     if (!it->is_object()) return wrong_type("response_format", *it, "an object");
     auto t = it->find("type");
@@ -212,6 +213,38 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
   static std::atomic<uint64_t> seed_counter{0x9E3779B97F4A7C15ull};
   sp.seed = v ? uint64_t(*v) : seed_counter.fetch_add(0x9E3779B97F4A7C15ull) ^ uint64_t(std::time(nullptr));
   if (auto e = get_bool(b, "ignore_eos", out.request.ignore_eos)) return e;
+  // logit_bias: {"token id": bias in [-100, 100]}, ids written as plain decimals.
+  if (auto it = b.find("logit_bias"); it != b.end() && !it->is_null()) {
+    if (!it->is_object()) return wrong_type("logit_bias", *it, "an object");
+    for (const auto& [key, val] : it->items()) {
+      const std::string param = fmt::format("logit_bias.{}", key.substr(0, 32));
+      const bool decimal = !key.empty() && key.size() <= 9 && std::all_of(key.begin(), key.end(), [](char c) {
+        return c >= '0' && c <= '9';
+      }) && (key.size() == 1 || key[0] != '0');
+      if (!decimal || std::stol(key) >= ctx.tokenizer->vocab_size())
+        return bad(fmt::format("'logit_bias' keys must be token ids in [0, {}) (got '{}')", ctx.tokenizer->vocab_size(),
+                               key.substr(0, 32)),
+                   param);
+      if (!val.is_number()) return wrong_type(param, val, "a number");
+      const double bias = val.get<double>();
+      if (!std::isfinite(bias) || bias < -100 || bias > 100)
+        return bad(fmt::format("'{}' must be between -100 and 100 (got {})", param, bias), param);
+      sp.logit_bias.emplace_back(int32_t(std::stol(key)), float(bias));
+    }
+  }
+  // logprobs: chat takes a boolean and top_logprobs (0-20), completions an integer (0-20).
+  if (chat) {
+    bool want = false;
+    if (auto e = get_bool(b, "logprobs", want)) return e;
+    std::optional<int64_t> top;
+    if (auto e = get_int(b, "top_logprobs", 0, 20, top)) return e;
+    if (top && !want) return bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
+    if (want) out.request.logprobs = int32_t(top ? *top : 0);
+  } else {
+    std::optional<int64_t> n_logprobs;
+    if (auto e = get_int(b, "logprobs", 0, 20, n_logprobs)) return e;
+    if (n_logprobs) out.request.logprobs = int32_t(*n_logprobs);
+  }
   {
     Status s = sp.validate();
     if (!s.ok()) return bad(s.message(), "");
@@ -327,6 +360,46 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
   return std::nullopt;
 }
 
+
+std::optional<ApiError> tokenize_request(const std::string& body, const ProtocolContext& ctx, json& out) {
+  json b;
+  if (auto e = parse_object(body, ctx, b)) return e;
+  if (auto e = check_model(b, ctx)) return e;
+  auto it = b.find("prompt");
+  if (it == b.end() || it->is_null()) return bad("'prompt' is required", "prompt", "missing_required_parameter");
+  if (!it->is_string()) return wrong_type("prompt", *it, "a string");
+  model::EncodeOptions eo;
+  eo.parse_special = true;
+  if (auto e = get_bool(b, "add_special_tokens", eo.add_special)) return e;
+  auto ids = ctx.tokenizer->encode(it->get<std::string>(), eo);
+  if (!ids.ok()) return bad(ids.message(), "prompt");
+  out = json{{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", ctx.max_context}};
+  return std::nullopt;
+}
+
+std::optional<ApiError> detokenize_request(const std::string& body, const ProtocolContext& ctx, json& out) {
+  json b;
+  if (auto e = parse_object(body, ctx, b)) return e;
+  if (auto e = check_model(b, ctx)) return e;
+  auto it = b.find("tokens");
+  if (it == b.end() || it->is_null()) return bad("'tokens' is required", "tokens", "missing_required_parameter");
+  if (!it->is_array()) return wrong_type("tokens", *it, "an array of token ids");
+  std::vector<int32_t> ids;
+  for (const json& t : *it) {
+    if (!t.is_number_integer()) return wrong_type("tokens", t, "an array of token ids");
+    const int64_t id = t.is_number_unsigned() ? int64_t(std::min<uint64_t>(t.get<uint64_t>(), 1ull << 40)) : t.get<int64_t>();
+    if (id < 0 || id >= ctx.tokenizer->vocab_size())
+      return bad(fmt::format("token id {} is out of range [0, {})", id, ctx.tokenizer->vocab_size()), "tokens");
+    ids.push_back(int32_t(id));
+  }
+  model::DecodeOptions d;
+  d.render_special = true;
+  auto text = ctx.tokenizer->decode(ids, d);
+  if (!text.ok()) return bad(text.message(), "tokens");
+  out = json{{"prompt", *text}};
+  return std::nullopt;
+}
+
 json usage_json(const Usage& u) {
   return json{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},
@@ -334,22 +407,62 @@ json usage_json(const Usage& u) {
               {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
+json logprobs_json(bool chat, const std::vector<engine::TokenLogprob>& lps, const model::Tokenizer& tok,
+                   int64_t& text_offset) {
+  auto piece = [&](int32_t id) { return tok.token_to_piece(id, /*render_special=*/true); };
+  if (chat) {
+    auto entry = [&](int32_t id, float lp) {
+      const std::string s = piece(id);
+      json bytes = json::array();
+      for (unsigned char c : s) bytes.push_back(int(c));
+      return json{{"token", s}, {"logprob", lp}, {"bytes", bytes}};
+    };
+    json content = json::array();
+    for (const auto& t : lps) {
+      json e = entry(t.token, t.logprob);
+      json top = json::array();
+      for (const auto& [id, lp] : t.top) top.push_back(entry(id, lp));
+      e["top_logprobs"] = top;
+      content.push_back(e);
+    }
+    return json{{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  for (const auto& t : lps) {
+    const std::string s = piece(t.token);
+    tokens.push_back(s);
+    token_logprobs.push_back(t.logprob);
+    json alts = json::object();
+    for (const auto& [id, lp] : t.top) alts[piece(id)] = lp;
+    top.push_back(alts);
+    offsets.push_back(text_offset);
+    // characters: every byte that does not continue a UTF-8 sequence
+    for (unsigned char c : s) text_offset += (c & 0xC0) != 0x80;
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
 json completion_response(bool chat, const std::string& id, int64_t created, const std::string& model,
-                         const std::string& text, const char* finish_reason, const Usage& usage) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
-  if (chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else choice["text"] = text;
+                         const std::vector<ChoiceResult>& choices, const Usage& usage) {
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceResult& c = choices[i];
+    json choice = {{"index", i}, {"logprobs", c.logprobs}, {"finish_reason", c.finish_reason}};
+    if (chat) choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    else choice["text"] = c.text;
+    list.push_back(std::move(choice));
+  }
   return json{{"id", id},
               {"object", chat ? "chat.completion" : "text_completion"},
               {"created", created},
               {"model", model},
-              {"choices", json::array({choice})},
+              {"choices", list},
               {"usage", usage_json(usage)}};
 }
 
-json stream_chunk(bool chat, const std::string& id, int64_t created, const std::string& model, const std::string& text,
-                  const char* finish_reason, bool first) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}};
+json stream_chunk(bool chat, const std::string& id, int64_t created, const std::string& model, int index,
+                  const std::string& text, const char* finish_reason, bool first, const json& logprobs) {
+  json choice = {{"index", index}, {"logprobs", logprobs}};
   choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
   if (chat) {
     json delta = json::object();

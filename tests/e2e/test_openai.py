@@ -84,7 +84,7 @@ def test_prefix_cache_hits(server, client, model_id):
     ({"max_tokens": 10 ** 9}, 400, "max_tokens"),
     ({"temperature": 5}, 400, "temperature"),
     ({"top_p": "x"}, 400, "top_p"),
-    ({"n": 3}, 400, "n"),
+    ({"n": 17}, 400, "n"),
     ({"stop": [1, 2]}, 400, "stop"),
     ({"messages": []}, 400, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),

@@ -92,7 +92,8 @@ const std::vector<std::string> kTexts = {
     "\xF0\x9F\x98\x80\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD emoji", "<|im_start|>user\nhi<|im_end|>",
     "<s>[INST] x [/INST]", "\xE2\x96\x81spm space", "bad \xFF\xC3 bytes", "x = f(a_b) + $y; // 3.14"};
 
-// The first byte picks the endpoint: even /v1/completions, odd /v1/chat/completions.
+// The first byte picks the endpoint (mod 4): /v1/completions, /v1/chat/completions, /tokenize,
+// /detokenize.
 const std::vector<std::string> kBodies = {
     std::string(1, '\0') + R"({"prompt": "Once upon a time", "max_tokens": 8})",
     std::string(1, '\0') + R"({"model": "fuzz-model", "prompt": [1, 2, 3], "temperature": 0.7, "top_p": 0.9, "seed": 5})",
@@ -107,6 +108,11 @@ const std::vector<std::string> kBodies = {
     "\1" + std::string(R"({"messages": [], "tools": [{}], "response_format": {"type": "json_object"}})"),
     "\1" + std::string(R"({"messages": [{"role": "user", "content": "<|im_start|>"}], "logit_bias": {"1": 2}})"),
     "\1" + std::string(R"([[[[{"messages": null}]]]])"),
+    "\1" + std::string(R"({"messages": [{"role": "user", "content": "Hi"}], "logprobs": true, "top_logprobs": 5,)"
+                        R"( "logit_bias": {"0": -100, "17": 3.5}})"),
+    std::string(1, '\0') + R"({"prompt": "x", "logprobs": 3, "logit_bias": {"01": 1, "x": 2}})",
+    "\2" + std::string(R"({"prompt": "Hello <|im_start|> world", "add_special_tokens": false})"),
+    "\3" + std::string(R"({"tokens": [1, 2, 3, 0], "model": "fuzz-model"})"),
 };
 
 }  // namespace

@@ -236,6 +236,153 @@ TEST(EngineScheduler, ShutdownCancelsInFlight) {
   EXPECT_FALSE((*e)->submit(make_requests(1, 4)[0]).ok());
 }
 
+// The n choices of a request, by index, once all have finished.
+std::vector<Outcome> drain_choices(RequestHandle& h, int n) {
+  std::vector<Outcome> o(static_cast<size_t>(n));
+  std::vector<int> finished(static_cast<size_t>(n), 0);
+  for (int done = 0; done < n;) {
+    for (auto& ev : h.wait(std::chrono::milliseconds(100))) {
+      EXPECT_TRUE(ev.index >= 0 && ev.index < n) << ev.index;
+      if (ev.index < 0 || ev.index >= n) continue;
+      Outcome& c = o[size_t(ev.index)];
+      EXPECT_EQ(finished[size_t(ev.index)], 0) << "an event after choice " << ev.index << " finished";
+      c.tokens.insert(c.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      c.text += ev.text;
+      if (ev.finished) {
+        c.reason = ev.reason;
+        c.prompt_tokens = ev.prompt_tokens;
+        c.completion_tokens = ev.completion_tokens;
+        ++finished[size_t(ev.index)];
+        ++done;
+      }
+    }
+  }
+  return o;
+}
+
+// Choice i of a request with n choices is the request alone with seed + i: the prompt is computed
+// once and forked, and each choice samples as a request of its own would. Also under a KV budget
+// that forces preemption, and with several such requests at once.
+TEST(EngineScheduler, ChoicesEqualSeparateRequestsWithTheirSeeds) {
+  auto reqs = make_requests(6, 14, 0.9f);
+  auto ref_model = testing::tiny_model();
+  auto ref = Engine::create(*ref_model, testing::tiny_tokenizer(), EngineOptions{});
+  ASSERT_TRUE(ref.ok());
+  const int n = 4;
+  std::vector<std::vector<Outcome>> alone;
+  for (const Request& r : reqs) {
+    std::vector<Request> seeds;
+    for (int i = 0; i < n; ++i) {
+      seeds.push_back(r);
+      seeds.back().sampling.seed = r.sampling.seed + uint64_t(i);
+    }
+    alone.push_back(run_alone(**ref, seeds));
+  }
+  auto probe = testing::tiny_model(0, 1);
+  const int64_t block_bytes = probe->cache().stats().block_bytes;
+  for (int64_t budget_blocks : {0, 30}) {
+    SCOPED_TRACE(::testing::Message() << "budget " << budget_blocks << " blocks");
+    auto m = testing::tiny_model(budget_blocks * block_bytes, 1);
+    ASSERT_TRUE(m);
+    EngineOptions eo;
+    eo.max_batch = 16;
+    auto e = Engine::create(*m, testing::tiny_tokenizer(), eo);
+    ASSERT_TRUE(e.ok()) << e.message();
+    const int64_t prompt_before = (*e)->stats().prompt_tokens;
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    int64_t prompt_sum = 0;
+    for (Request r : reqs) {
+      r.n = n;
+      prompt_sum += int64_t(r.prompt.size());
+      auto h = (*e)->submit(r);
+      ASSERT_TRUE(h.ok()) << h.message();
+      hs.push_back(*h);
+    }
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      const auto got = drain_choices(*hs[k], n);
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(got[size_t(i)].tokens, alone[k][size_t(i)].tokens) << "request " << k << " choice " << i;
+        EXPECT_EQ(got[size_t(i)].text, alone[k][size_t(i)].text) << "request " << k << " choice " << i;
+        EXPECT_EQ(got[size_t(i)].completion_tokens, reqs[k].max_tokens);
+        EXPECT_EQ(got[size_t(i)].prompt_tokens, int64_t(reqs[k].prompt.size()));
+      }
+    }
+    (*e)->wait_idle();  // the stats are published after the step that finished the last choice
+    const auto st = (*e)->stats();
+    EXPECT_EQ(st.requests_finished, int64_t(reqs.size()));  // requests, not choices
+    EXPECT_EQ(st.prompt_tokens - prompt_before, prompt_sum);  // each prompt counted (computed) once
+    if (budget_blocks > 0) {
+      EXPECT_GT(st.preemptions, 0);
+    }
+    expect_pool_empty(*m, **e);
+  }
+}
+
+TEST(EngineScheduler, ChoicesCancelTogetherAndAreValidated) {
+  auto m = testing::tiny_model();
+  EngineOptions eo;
+  eo.max_batch = 8;
+  auto e = Engine::create(*m, testing::tiny_tokenizer(), eo);
+  ASSERT_TRUE(e.ok());
+  Request r = make_requests(1, 300)[0];
+  r.n = 3;
+  auto h = (*e)->submit(r);
+  ASSERT_TRUE(h.ok());
+  int64_t got = 0;
+  while (got < 6)
+    for (auto& ev : (*h)->wait(std::chrono::milliseconds(100))) got += int64_t(ev.tokens.size());
+  (*h)->cancel();
+  for (const Outcome& o : drain_choices(**h, 3)) EXPECT_EQ(o.reason, FinishReason::kCancelled);
+  // Greedy choices are all the same; max_tokens 0 still gives every choice its end.
+  r.sampling.temperature = 0;
+  r.max_tokens = 9;
+  auto g = drain_choices(**(*e)->submit(r), 3);
+  EXPECT_EQ(g[1].tokens, g[0].tokens);
+  EXPECT_EQ(g[2].tokens, g[0].tokens);
+  EXPECT_EQ(g[0].tokens.size(), 9u);
+  r.max_tokens = 0;
+  for (const Outcome& o : drain_choices(**(*e)->submit(r), 3)) EXPECT_EQ(o.reason, FinishReason::kLength);
+  expect_pool_empty(*m, **e);
+  EXPECT_EQ((*e)->stats().requests_cancelled, 1);
+  r.n = 0;
+  EXPECT_FALSE((*e)->submit(r).ok());
+  r.n = 9;  // beyond max batch 8
+  EXPECT_FALSE((*e)->submit(r).ok());
+}
+
+// Each token's log-probabilities come with it; greedy picks the top one.
+TEST(EngineScheduler, LogprobsComeWithTheirTokens) {
+  auto m = testing::tiny_model();
+  auto e = Engine::create(*m, testing::tiny_tokenizer(), EngineOptions{});
+  ASSERT_TRUE(e.ok());
+  Request r = make_requests(1, 12)[0];
+  r.logprobs = 3;
+  auto h = (*e)->submit(r);
+  ASSERT_TRUE(h.ok());
+  size_t tokens = 0;
+  for (bool done = false; !done;) {
+    for (auto& ev : (*h)->wait(std::chrono::milliseconds(100))) {
+      ASSERT_EQ(ev.logprobs.size(), ev.tokens.size());
+      for (size_t i = 0; i < ev.tokens.size(); ++i) {
+        const TokenLogprob& lp = ev.logprobs[i];
+        EXPECT_EQ(lp.token, ev.tokens[i]);
+        ASSERT_EQ(lp.top.size(), 3u);
+        EXPECT_EQ(lp.top[0].first, lp.token);
+        EXPECT_EQ(lp.top[0].second, lp.logprob);
+        EXPECT_LE(lp.logprob, 0.0f);
+      }
+      tokens += ev.tokens.size();
+      done = ev.finished;
+    }
+  }
+  EXPECT_EQ(tokens, size_t(r.max_tokens));
+  r.logprobs = 21;
+  EXPECT_FALSE((*e)->submit(r).ok());
+  r.logprobs = -1;
+  r.sampling.logit_bias = {{kVocab, 1.0f}};  // beyond the vocabulary
+  EXPECT_FALSE((*e)->submit(r).ok());
+}
+
 TEST(EngineScheduler, StopStringsAndValidation) {
   auto m = testing::tiny_model();
   auto tok = testing::tiny_tokenizer();

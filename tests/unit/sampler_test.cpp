@@ -18,6 +18,7 @@ namespace escala::engine {
 namespace {
 
 std::vector<float> penalised(std::vector<float> l, const SamplingParams& p, const std::vector<int32_t>& history) {
+  for (const auto& [tok, bias] : p.logit_bias) l[tok] += bias;  // the bias comes first
   std::unordered_map<int32_t, int> counts;
   const size_t from = history.size() > size_t(p.penalty_last_n) ? history.size() - p.penalty_last_n : 0;
   for (size_t i = from; i < history.size(); ++i) ++counts[history[i]];
@@ -63,6 +64,7 @@ TEST(Sampler, DrawsMatchTheReferenceDistribution) {
     float temperature;
     int top_k;
     float top_p, min_p, rep, presence, frequency;
+    bool bias = false;
   };
   const Config configs[] = {
       {1.0f, 0, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f},    // plain softmax
@@ -71,6 +73,7 @@ TEST(Sampler, DrawsMatchTheReferenceDistribution) {
       {1.0f, 0, 1.0f, 0.08f, 1.0f, 0.0f, 0.0f},   // min-p
       {0.8f, 8, 0.9f, 0.03f, 1.0f, 0.0f, 0.0f},   // all three
       {1.0f, 0, 1.0f, 0.0f, 1.3f, 0.5f, 0.4f},    // penalties
+      {0.9f, 6, 1.0f, 0.0f, 1.2f, 0.3f, 0.0f, true},  // logit bias (one token banned), penalties
   };
   const int vocab = 12, draws = 100000;
   for (const Config& c : configs) {
@@ -81,6 +84,10 @@ TEST(Sampler, DrawsMatchTheReferenceDistribution) {
     ASSERT_TRUE(p.validate().ok());
     std::vector<float> logits(vocab);
     for (float& x : logits) x = normal(rng);
+    if (c.bias) {
+      const int32_t best = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      p.logit_bias = {{best, -100.0f}, {int32_t((best + 1) % vocab), 1.5f}, {int32_t((best + 2) % vocab), -0.7f}};
+    }
     std::vector<int32_t> history;
     for (int i = 0; i < 6; ++i) history.push_back(int32_t(rng() % vocab));
     const std::vector<double> prob = reference(logits, p, history);
@@ -131,6 +138,49 @@ TEST(Sampler, GreedyPicksTheFirstMaximumAfterPenalties) {
   Sampler freq(p);
   for (int32_t t : {1, 1, 1, 0, 0}) freq.accept(t);  // window: 1, 0, 0
   EXPECT_EQ(freq.sample(std::vector<float>{5.0f, 4.5f}), 1);  // 5 - 2 = 3 < 4.5 - 1 = 3.5
+}
+
+TEST(Sampler, LogitBiasMovesTheGreedyPick) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.logit_bias = {{1, -100.0f}};  // bans the maximum: the next one wins
+  EXPECT_EQ(Sampler(p).sample(std::vector<float>{1, 3, 2.5f, 2}), 2);
+  p.logit_bias = {{0, 2.5f}};  // 1 + 2.5 > 3
+  EXPECT_EQ(Sampler(p).sample(std::vector<float>{1, 3, 2.5f, 2}), 0);
+  p.logit_bias = {{7, 100.0f}};  // beyond this vocabulary: ignored
+  EXPECT_EQ(Sampler(p).sample(std::vector<float>{1, 3, 2.5f, 2}), 1);
+  p.logit_bias = {{0, 100.5f}};
+  EXPECT_FALSE(p.validate().ok());
+  p.logit_bias = {{-1, 1.0f}};
+  EXPECT_FALSE(p.validate().ok());
+  p.logit_bias = {{0, std::nanf("")}};
+  EXPECT_FALSE(p.validate().ok());
+}
+
+// token_logprobs against log_softmax in double and a full sort, on fresh random logits with ties.
+TEST(Sampler, TokenLogprobsAreTheLogSoftmaxAndItsTop) {
+  std::mt19937 rng(std::random_device{}());
+  for (int iter = 0; iter < 50; ++iter) {
+    const int n = 1 + int(rng() % 300);
+    std::vector<float> logits(static_cast<size_t>(n));
+    for (float& x : logits) x = float(int(rng() % 40) - 20) * 0.25f;  // many ties
+    double mx = -1e30, z = 0;
+    for (float x : logits) mx = std::max(mx, double(x));
+    for (float x : logits) z += std::exp(double(x) - mx);
+    const int32_t token = int32_t(rng() % uint32_t(n));
+    const int32_t top_n = int32_t(rng() % 25);
+    const TokenLogprob lp = token_logprobs(logits, token, top_n);
+    EXPECT_EQ(lp.token, token);
+    EXPECT_NEAR(lp.logprob, double(logits[size_t(token)]) - mx - std::log(z), 1e-5);
+    std::vector<int32_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    ASSERT_EQ(lp.top.size(), size_t(std::min(top_n, n)));
+    for (size_t i = 0; i < lp.top.size(); ++i) {
+      EXPECT_EQ(lp.top[i].first, order[i]) << "rank " << i;
+      EXPECT_NEAR(lp.top[i].second, double(logits[size_t(order[i])]) - mx - std::log(z), 1e-5);
+    }
+  }
 }
 
 TEST(Sampler, SameSeedSameTokens) {
