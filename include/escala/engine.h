@@ -56,6 +56,9 @@ struct Request {
   // -1: off. Otherwise each generated token's event carries its log-probability and those of
   // this many (at most 20) most likely tokens (token_logprobs in sampler.h).
   int32_t logprobs = -1;
+  // JSON mode (OpenAI's response_format json_object): only tokens that keep the output a prefix
+  // of one JSON object are sampled, and the request ends ("stop") when the object closes.
+  bool json_object = false;
   // Choices: the prompt is computed once, then its sequence forks (the KV blocks are shared,
   // copy-on-write) into n that sample independently, choice i with seed + i. At most max batch.
   int32_t n = 1;

@@ -35,8 +35,10 @@ struct SamplingParams {
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
-  // Picks the next token from `logits` (one per vocabulary entry).
-  int32_t sample(std::span<const float> logits);
+  // Picks the next token from `logits` (one per vocabulary entry). With `allowed` (one byte per
+  // entry, at least one non-zero), only allowed tokens are candidates, as if the others had
+  // probability 0 before top-k, min-p and top-p (JSON mode).
+  int32_t sample(std::span<const float> logits, const std::vector<uint8_t>* allowed = nullptr);
   // Records a token (prompt or generated) for the penalties.
   void accept(int32_t token);
 

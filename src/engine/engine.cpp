@@ -5,8 +5,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
+#include "engine/json_prefix.h"
 #include "engine/stop_strings.h"
 #include "escala/model.h"
 
@@ -39,6 +41,7 @@ struct Seq {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<model::StreamDecoder> decoder;
   StopMatcher stops;
+  std::optional<JsonPrefix> json;  // JSON mode: the output so far
 };
 
 struct Item {
@@ -105,6 +108,7 @@ struct Engine::Impl {
   EngineStats st;
   std::deque<std::pair<Clock::time_point, int64_t>> rate_samples;
   std::vector<float> logits;
+  std::unique_ptr<JsonTokenMasks> json_masks;  // made at the first JSON-mode request
   std::mutex join_mu;  // shutdown() may be called from several threads (signal thread, destructor)
   std::thread thread;
 
@@ -185,6 +189,7 @@ Result<std::shared_ptr<RequestHandle>> Engine::submit(Request r) {
   for (int32_t t : r.prompt) s->sampler->accept(t);
   s->decoder = std::make_unique<model::StreamDecoder>(m.tokenizer);
   s->stops = StopMatcher(r.stop);
+  if (r.json_object) s->json.emplace();
   s->fan_out = r.n;
   s->open_choices = std::make_shared<int32_t>(r.n);
   s->req = std::move(r);
@@ -379,12 +384,33 @@ void Engine::Impl::on_token(Seq& s, int32_t tok, TokenLogprob* logprob) {
 }
 
 void Engine::Impl::sample(Seq& s, std::span<const float> row_logits) {
-  const int32_t tok = s.sampler->sample(row_logits);
+  const std::vector<uint8_t>* allowed = nullptr;
+  if (s.json) {
+    if (!json_masks) {
+      std::vector<std::string> pieces(static_cast<size_t>(vocab));
+      for (int32_t t = 0; t < vocab; ++t) pieces[size_t(t)] = tokenizer.token_to_piece(t);  // control: ""
+      json_masks = std::make_unique<JsonTokenMasks>(std::move(pieces));
+    }
+    allowed = &json_masks->allowed(*s.json);
+    if (std::find(allowed->begin(), allowed->end(), uint8_t(1)) == allowed->end()) {
+      Event ev;
+      ev.index = s.index;
+      finish(s, FinishReason::kError, std::move(ev), "JSON mode: no token of this vocabulary continues the object");
+      return;
+    }
+  }
+  const int32_t tok = s.sampler->sample(row_logits, allowed);
+  if (s.json) (void)s.json->feed(json_masks->piece(tok));  // allowed, so it feeds
   if (s.req.logprobs >= 0) {
     TokenLogprob lp = token_logprobs(row_logits, tok, s.req.logprobs);
     on_token(s, tok, &lp);
   } else {
     on_token(s, tok, nullptr);
+  }
+  if (s.json && s.json->complete() && s.in_cache) {  // the object closed: nothing may follow
+    Event ev;
+    ev.index = s.index;
+    finish(s, FinishReason::kStop, std::move(ev));
   }
 }
 
@@ -409,6 +435,7 @@ std::vector<std::unique_ptr<Seq>> Engine::Impl::fork_choices(Seq& parent) {
     for (int32_t t : c->tokens) c->sampler->accept(t);
     c->decoder = std::make_unique<model::StreamDecoder>(tokenizer);
     c->stops = StopMatcher(c->req.stop);
+    c->json = parent.json;
     c->index = parent.index + i;
     c->open_choices = parent.open_choices;
     c->id = next_seq++;

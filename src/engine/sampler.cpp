@@ -33,12 +33,13 @@ Sampler::Sampler(const SamplingParams& params) : p_(params), rng_(params.seed) {
 
 void Sampler::accept(int32_t token) { history_.push_back(token); }
 
-int32_t Sampler::sample(std::span<const float> logits) {
+int32_t Sampler::sample(std::span<const float> logits, const std::vector<uint8_t>* allowed) {
   const int32_t n = int32_t(logits.size());
   const bool penalise = p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
   // Greedy: the first maximum (stable across runs and batch sizes). Without penalties or bias the
   // logits are read in place (copying 49k candidates cost as much as the argmax, per token).
-  if (p_.temperature == 0.0f && p_.logit_bias.empty() && !(penalise && p_.penalty_last_n > 0 && !history_.empty())) {
+  if (p_.temperature == 0.0f && p_.logit_bias.empty() && !allowed &&
+      !(penalise && p_.penalty_last_n > 0 && !history_.empty())) {
     int32_t best = 0;
     for (int32_t i = 1; i < n; ++i)
       if (logits[i] > logits[best]) best = i;
@@ -61,15 +62,19 @@ int32_t Sampler::sample(std::span<const float> logits) {
       l -= float(c) * p_.frequency_penalty + p_.presence_penalty;
     }
   }
-  // Greedy with penalties: the first maximum of the penalised logits.
+  // Constrained: the other tokens leave the candidates (the order by id stays).
+  if (allowed)
+    std::erase_if(cand_, [&](const std::pair<float, int32_t>& c) { return (*allowed)[size_t(c.second)] == 0; });
+  const int32_t m = int32_t(cand_.size());
+  // Greedy with penalties, bias or a constraint: the first maximum of what is left.
   if (p_.temperature == 0.0f) {
     int32_t best = 0;
-    for (int32_t i = 1; i < n; ++i)
+    for (int32_t i = 1; i < m; ++i)
       if (cand_[i].first > cand_[best].first) best = i;
-    return best;
+    return cand_[best].second;
   }
   // Top-k, then softmax with temperature, min-p, top-p.
-  const int32_t k = p_.top_k > 0 ? std::min(p_.top_k, n) : n;
+  const int32_t k = p_.top_k > 0 ? std::min(p_.top_k, m) : m;
   std::partial_sort(cand_.begin(), cand_.begin() + k, cand_.end(),
                     [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
   cand_.resize(k);

@@ -183,11 +183,15 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
   if (auto it = b.find("tools"); it != b.end() && !it->is_null() && !(it->is_array() && it->empty()))
     return bad("'tools' are not supported", "tools", "unsupported_value");
 
+  // response_format: text, or json_object (JSON mode); a JSON schema is not supported.
   if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
     if (!it->is_object()) return wrong_type("response_format", *it, "an object");
     auto t = it->find("type");
-    if (t == it->end() || !t->is_string() || *t != "text")
-      return bad("only response_format {\"type\": \"text\"} is supported", "response_format", "unsupported_value");
+    if (t != it->end() && t->is_string() && *t == "json_object") out.request.json_object = true;
+    else if (t == it->end() || !t->is_string() || *t != "text")
+      return bad("response_format must be {\"type\": \"text\"} or {\"type\": \"json_object\"} (JSON schemas are "
+                 "not supported)",
+                 "response_format", "unsupported_value");
   }
   if (auto it = b.find("user"); it != b.end() && !it->is_null() && !it->is_string())
     return wrong_type("user", *it, "a string");

@@ -106,6 +106,7 @@ const std::vector<std::string> kBodies = {
     "\1" + std::string(R"({"messages": [{"role": "developer", "content": "x"}, {"role": "assistant", "content": "y"}],)"
                         R"( "presence_penalty": 1.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1})"),
     "\1" + std::string(R"({"messages": [], "tools": [{}], "response_format": {"type": "json_object"}})"),
+    "\1" + std::string(R"({"messages": [{"role": "user", "content": "JSON"}], "response_format": {"type": "json_object"}})"),
     "\1" + std::string(R"({"messages": [{"role": "user", "content": "<|im_start|>"}], "logit_bias": {"1": 2}})"),
     "\1" + std::string(R"([[[[{"messages": null}]]]])"),
     "\1" + std::string(R"({"messages": [{"role": "user", "content": "Hi"}], "logprobs": true, "top_logprobs": 5,)"
@@ -114,6 +115,12 @@ const std::vector<std::string> kBodies = {
     "\2" + std::string(R"({"prompt": "Hello <|im_start|> world", "add_special_tokens": false})"),
     "\3" + std::string(R"({"tokens": [1, 2, 3, 0], "model": "fuzz-model"})"),
 };
+
+// JSON mode's recogniser: objects, and texts that are not.
+const std::vector<std::string> kJson = {
+    "{}", R"({"a": [1, -2.5e+3, 0, true, false, null, "x\n\u00e9\uD83D\uDE00"], "b": {"c": {}}})",
+    "{\n  \"name\": \"John\",\n  \"age\": 45\n}", "{\"caf\xC3\xA9\": \"\xF0\x9F\x98\x80\"}",
+    "[1, 2]", "{\"a\":01}", "{\"a\":\"\\uDC00\"}", "{} {}"};
 
 }  // namespace
 
@@ -124,7 +131,7 @@ int main(int argc, char** argv) {
   }
   const std::string root = argv[1];
   int total = 0;
-  for (const char* target : {"gguf", "npy", "tokenizer", "protocol"}) {
+  for (const char* target : {"gguf", "npy", "tokenizer", "protocol", "json"}) {
     const std::string dir = root + "/" + target;
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
@@ -132,6 +139,7 @@ int main(int argc, char** argv) {
     const int n = t == "gguf"        ? write_gguf_seeds(dir)
                   : t == "npy"       ? write_npy_seeds(dir)
                   : t == "tokenizer" ? write_text_seeds(dir, kTexts)
+                  : t == "json"      ? write_text_seeds(dir, kJson)
                                      : write_text_seeds(dir, kBodies);
     if (ec || n < 0) {
       std::fprintf(stderr, "%s: could not write the %s seeds\n", argv[0], target);

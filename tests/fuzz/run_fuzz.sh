@@ -1,27 +1,27 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan), seeds their corpora, and fuzzes each
-# for SECONDS (default 60, split over the targets: gguf and protocol a third each, npy and tokenizer
-# a sixth each). Prints each target's run count; exits non-zero on any crash or broken property,
+# for SECONDS (default 60, split over the targets: gguf and protocol two sevenths each, npy,
+# tokenizer and json a seventh each). Prints each target's run count; exits non-zero on any crash or broken property,
 # leaving the input as BUILD_DIR/crash-*. CI uses a bounded time; run longer by hand.
 #
-#   tests/fuzz/run_fuzz.sh [SECONDS] [BUILD_DIR] [TARGET...]    TARGET: gguf npy tokenizer protocol
+#   tests/fuzz/run_fuzz.sh [SECONDS] [BUILD_DIR] [TARGET...]    TARGET: gguf npy tokenizer protocol json
 set -euo pipefail
 seconds="${1:-60}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="${2:-$root/build-fuzz}"
 shift $(($# > 2 ? 2 : $#))
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(gguf npy tokenizer protocol)
+[ ${#targets[@]} -gt 0 ] || targets=(gguf npy tokenizer protocol json)
 cmake -S "$root/tests/fuzz" -B "$build" -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 cmake --build "$build" -j"$(nproc)" >/dev/null
 "$build/escala_fuzz_seeds" "$build/corpus" >/dev/null
 for t in "${targets[@]}"; do
   case "$t" in
     gguf | protocol) share=2 ;;
-    npy | tokenizer) share=1 ;;
-    *) echo "run_fuzz.sh: unknown target '$t' (gguf, npy, tokenizer, protocol)" >&2; exit 2 ;;
+    npy | tokenizer | json) share=1 ;;
+    *) echo "run_fuzz.sh: unknown target '$t' (gguf, npy, tokenizer, protocol, json)" >&2; exit 2 ;;
   esac
-  t_seconds=$((seconds * share / 6 > 0 ? seconds * share / 6 : 1))
+  t_seconds=$((seconds * share / 7 > 0 ? seconds * share / 7 : 1))
   [ ${#targets[@]} -gt 1 ] || t_seconds="$seconds"
   dict=()
   [ -f "$root/tests/fuzz/$t.dict" ] && dict=(-dict="$root/tests/fuzz/$t.dict")

@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "engine/json_prefix.h"
 #include "engine/stop_strings.h"
 #include "engine_fixture.h"
 #include "escala/engine.h"
+#include "json_reference.h"
 
 namespace escala::engine {
 namespace {
@@ -381,6 +383,42 @@ TEST(EngineScheduler, LogprobsComeWithTheirTokens) {
   r.logprobs = -1;
   r.sampling.logit_bias = {{kVocab, 1.0f}};  // beyond the vocabulary
   EXPECT_FALSE((*e)->submit(r).ok());
+}
+
+// JSON mode on a random model: every finished output parses as one JSON object, every cut one is
+// a prefix of one; choices and greedy too. A bias towards the closing bytes lets objects end.
+TEST(EngineScheduler, JsonModeOutputsAreJsonObjects) {
+  auto m = testing::tiny_model();
+  auto e = Engine::create(*m, testing::tiny_tokenizer(), EngineOptions{});
+  ASSERT_TRUE(e.ok());
+  std::mt19937 rng(std::random_device{}());
+  int closed = 0, total = 0;
+  for (int iter = 0; iter < 12; ++iter) {
+    Request r = make_requests(1, 120)[0];
+    r.json_object = true;
+    r.ignore_eos = false;
+    r.sampling.temperature = iter == 0 ? 0.0f : 1.2f;
+    r.sampling.top_k = 0, r.sampling.top_p = 1.0f, r.sampling.min_p = 0.0f;
+    r.sampling.seed = rng();
+    r.sampling.logit_bias = {{'"', 3.0f}, {'}', 2.5f}, {']', 2.0f}, {':', 2.0f}, {',', 1.0f}, {'[', 1.0f}, {'1', 1.0f}};
+    r.n = iter % 3 == 0 ? 3 : 1;
+    auto h = (*e)->submit(r);
+    ASSERT_TRUE(h.ok()) << h.message();
+    for (const Outcome& o : drain_choices(**h, r.n)) {
+      ++total;
+      SCOPED_TRACE(::testing::PrintToString(o.text));
+      if (o.reason == FinishReason::kStop) {
+        ++closed;
+        EXPECT_TRUE(test::is_json_object(o.text));
+      } else {
+        EXPECT_EQ(o.reason, FinishReason::kLength);
+        JsonPrefix p;
+        EXPECT_TRUE(p.feed(o.text) && !p.complete());
+      }
+    }
+  }
+  EXPECT_GT(closed, total / 3);  // the bias makes most objects close: the parse check runs
+  expect_pool_empty(*m, **e);
 }
 
 TEST(EngineScheduler, StopStringsAndValidation) {
