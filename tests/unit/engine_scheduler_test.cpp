@@ -26,21 +26,31 @@ struct Outcome {
   int64_t prompt_tokens = 0, completion_tokens = 0;
 };
 
-Outcome drain(RequestHandle& h) {
-  Outcome o;
-  for (;;) {
+// The n choices of a request, by index, once all have finished.
+std::vector<Outcome> drain_choices(RequestHandle& h, int n) {
+  std::vector<Outcome> o(static_cast<size_t>(n));
+  std::vector<int> finished(static_cast<size_t>(n), 0);
+  for (int done = 0; done < n;) {
     for (auto& ev : h.wait(std::chrono::milliseconds(100))) {
-      o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
-      o.text += ev.text;
+      EXPECT_TRUE(ev.index >= 0 && ev.index < n) << ev.index;
+      if (ev.index < 0 || ev.index >= n) continue;
+      Outcome& c = o[size_t(ev.index)];
+      EXPECT_EQ(finished[size_t(ev.index)], 0) << "an event after choice " << ev.index << " finished";
+      c.tokens.insert(c.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      c.text += ev.text;
       if (ev.finished) {
-        o.reason = ev.reason;
-        o.prompt_tokens = ev.prompt_tokens;
-        o.completion_tokens = ev.completion_tokens;
-        return o;
+        c.reason = ev.reason;
+        c.prompt_tokens = ev.prompt_tokens;
+        c.completion_tokens = ev.completion_tokens;
+        ++finished[size_t(ev.index)];
+        ++done;
       }
     }
   }
+  return o;
 }
+
+Outcome drain(RequestHandle& h) { return drain_choices(h, 1)[0]; }
 
 // Prompts of mixed lengths; every fourth shares a 40-token prefix (prefix-cache hits).
 std::vector<Request> make_requests(int n, int max_tokens, float temperature = 0.0f) {
@@ -238,29 +248,6 @@ TEST(EngineScheduler, ShutdownCancelsInFlight) {
   EXPECT_FALSE((*e)->submit(make_requests(1, 4)[0]).ok());
 }
 
-// The n choices of a request, by index, once all have finished.
-std::vector<Outcome> drain_choices(RequestHandle& h, int n) {
-  std::vector<Outcome> o(static_cast<size_t>(n));
-  std::vector<int> finished(static_cast<size_t>(n), 0);
-  for (int done = 0; done < n;) {
-    for (auto& ev : h.wait(std::chrono::milliseconds(100))) {
-      EXPECT_TRUE(ev.index >= 0 && ev.index < n) << ev.index;
-      if (ev.index < 0 || ev.index >= n) continue;
-      Outcome& c = o[size_t(ev.index)];
-      EXPECT_EQ(finished[size_t(ev.index)], 0) << "an event after choice " << ev.index << " finished";
-      c.tokens.insert(c.tokens.end(), ev.tokens.begin(), ev.tokens.end());
-      c.text += ev.text;
-      if (ev.finished) {
-        c.reason = ev.reason;
-        c.prompt_tokens = ev.prompt_tokens;
-        c.completion_tokens = ev.completion_tokens;
-        ++finished[size_t(ev.index)];
-        ++done;
-      }
-    }
-  }
-  return o;
-}
 
 // Choice i of a request with n choices is the request alone with seed + i: the prompt is computed
 // once and forked, and each choice samples as a request of its own would. Also under a KV budget
