@@ -14,8 +14,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 JOBS="${ESCALA_JOBS:-$(nproc)}"
 # Test names are GoogleTest suite.test; these suites are the npy reader, the KV planner, block
-# manager, streaming and paged attention, the CLI end-to-end tests, and corrupt model files.
-SANITIZE_FILTER="${ESCALA_SANITIZE_FILTER:-^(Npy|Kv|Cli|ModelLoad)}"
+# manager, streaming and paged attention, the CLI end-to-end tests, corrupt model files, and the
+# structured-output schemas and recogniser.
+SANITIZE_FILTER="${ESCALA_SANITIZE_FILTER:-^(Npy|Kv|Cli|ModelLoad|Json)}"
 
 # The end-to-end server tests run the default model: fetch it if this checkout lacks it.
 scripts/fetch_model.sh

@@ -36,6 +36,8 @@ class Model;
 
 namespace escala::engine {
 
+class JsonSchema;  // src/engine/json_schema.h
+
 struct EngineOptions {
   int32_t max_batch = 64;      // running sequences at most
   int32_t step_tokens = 512;   // tokens per forward pass (decode + prefill chunks); >= max_batch
@@ -56,9 +58,10 @@ struct Request {
   // -1: off. Otherwise each generated token's event carries its log-probability and those of
   // this many (at most 20) most likely tokens (token_logprobs in sampler.h).
   int32_t logprobs = -1;
-  // JSON mode (OpenAI's response_format json_object): only tokens that keep the output a prefix
-  // of one JSON object are sampled, and the request ends ("stop") when the object closes.
-  bool json_object = false;
+  // Structured output (OpenAI's response_format json_object or json_schema): only tokens that keep
+  // the output a prefix of a JSON text the schema allows are sampled, and the request ends
+  // ("stop") when the value is complete. JsonSchema::any_object() is JSON mode. Null: off.
+  std::shared_ptr<const JsonSchema> json_schema;
   // Choices: the prompt is computed once, then its sequence forks (the KV blocks are shared,
   // copy-on-write) into n that sample independently, choice i with seed + i. At most max batch.
   int32_t n = 1;

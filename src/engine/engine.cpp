@@ -189,7 +189,7 @@ Result<std::shared_ptr<RequestHandle>> Engine::submit(Request r) {
   for (int32_t t : r.prompt) s->sampler->accept(t);
   s->decoder = std::make_unique<model::StreamDecoder>(m.tokenizer);
   s->stops = StopMatcher(r.stop);
-  if (r.json_object) s->json.emplace();
+  if (r.json_schema) s->json.emplace(r.json_schema.get());  // the schema lives in s->req
   s->fan_out = r.n;
   s->open_choices = std::make_shared<int32_t>(r.n);
   s->req = std::move(r);

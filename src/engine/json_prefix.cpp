@@ -1,10 +1,10 @@
 #include "engine/json_prefix.h"
 
+#include <cstring>
+
 namespace escala::engine {
 
 namespace {
-constexpr size_t kMaxDepth = 32;  // open containers at most: no endless "[[[[" either
-
 bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
 int hex_value(uint8_t c) {
@@ -13,8 +13,31 @@ int hex_value(uint8_t c) {
   if (c >= 'A' && c <= 'F') return c - 'A' + 10;
   return -1;
 }
-const char* literal_text(char first) { return first == 't' ? "true" : first == 'f' ? "false" : "null"; }
+// The words of a value node that takes booleans or null: choice_pick_ 0, 1, 2.
+const std::string kWords[] = {"true", "false", "null"};
 }  // namespace
+
+JsonPrefix::JsonPrefix(const JsonSchema* schema) : schema_(schema ? schema : JsonSchema::any_object().get()) {
+  node_ = schema_->root();
+}
+
+JsonPrefix& JsonPrefix::operator=(const JsonPrefix& o) {
+  schema_ = o.schema_;
+  state_ = o.state_;
+  node_ = o.node_;
+  in_key_ = o.in_key_;
+  integer_ = o.integer_;
+  aux_ = o.aux_;
+  utf8_left_ = o.utf8_left_, utf8_lo_ = o.utf8_lo_, utf8_hi_ = o.utf8_hi_;
+  ws_run_ = o.ws_run_;
+  surrogate_ = o.surrogate_;
+  code_ = o.code_;
+  choice_kind_ = o.choice_kind_;
+  choice_node_ = o.choice_node_, choice_pick_ = o.choice_pick_, choice_len_ = o.choice_len_;
+  depth_ = o.depth_;
+  std::copy(o.stack_.begin(), o.stack_.begin() + depth_, stack_.begin());  // only the frames in use
+  return *this;
+}
 
 bool JsonPrefix::feed(std::string_view bytes) {
   for (char c : bytes)
@@ -22,77 +45,191 @@ bool JsonPrefix::feed(std::string_view bytes) {
   return true;
 }
 
-void JsonPrefix::end_value() { state_ = stack_.empty() ? State::kDone : State::kCommaOrEnd; }
+void JsonPrefix::end_value() {
+  state_ = depth_ == 0 ? State::kDone : State::kCommaOrEnd;
+  if (depth_ > 0 && stack_[size_t(depth_ - 1)].kind == '[') ++stack_[size_t(depth_ - 1)].index;
+}
 
-bool JsonPrefix::whitespace(uint8_t c) {
-  (void)c;
-  return ++ws_run_ <= kMaxWhitespaceRun;
+bool JsonPrefix::may_close(const Frame& f) const {
+  const JsonSchemaNode* n = node(f.node);
+  if (f.kind == '[') return !n || f.index >= n->min_items;
+  if (!n || !n->keyed) return true;
+  for (size_t i = size_t(f.index); i < n->properties.size(); ++i)
+    if (n->properties[i].required) return false;
+  return true;
+}
+
+bool JsonPrefix::may_continue(const Frame& f) const {
+  const JsonSchemaNode* n = node(f.node);
+  if (f.kind == '[') return !n || n->max_items < 0 || f.index < n->max_items;
+  return !n || !n->keyed || size_t(f.index) < n->properties.size();
+}
+
+// Keys of a keyed object: the properties from the frame's index up to the first required one.
+int32_t JsonPrefix::choice_count() const {
+  if (choice_kind_ == ChoiceKind::kLiteral) return int32_t(node(choice_node_)->literals.size());
+  if (choice_kind_ == ChoiceKind::kWord) return 3;
+  const Frame& f = stack_[size_t(depth_ - 1)];
+  const auto& props = node(f.node)->properties;
+  int32_t last = f.index;
+  while (size_t(last) + 1 < props.size() && !props[size_t(last)].required) ++last;
+  return last + 1;  // choices are the absolute indices [f.index, last]
+}
+
+const std::string& JsonPrefix::choice_text(int32_t i) const {
+  if (choice_kind_ == ChoiceKind::kLiteral) return node(choice_node_)->literals[size_t(i)];
+  if (choice_kind_ == ChoiceKind::kWord) return kWords[i];
+  return node(stack_[size_t(depth_ - 1)].node)->properties[size_t(i)].key;
+}
+
+bool JsonPrefix::choice_byte(uint8_t c) {
+  const int32_t first = choice_kind_ == ChoiceKind::kKey ? stack_[size_t(depth_ - 1)].index : 0;
+  const int32_t end = choice_count();
+  const std::string& cur = choice_text(choice_pick_);
+  const size_t len = size_t(choice_len_);
+  bool complete_now = false;  // the bytes so far are a whole text (that others extend)
+  int32_t next = -1;
+  for (int32_t i = first; i < end; ++i) {
+    const std::string& t = choice_text(i);
+    if (t.size() < len || t.compare(0, len, cur, 0, len) != 0) continue;
+    if (t.size() == len) complete_now = true;
+    else if (uint8_t(t[len]) == c && next < 0) next = i;
+  }
+  if (next < 0) {
+    if (!complete_now) return false;
+    end_value();  // e.g. the enum value 1 of {1, 10}, followed by ','
+    return structural(c);
+  }
+  choice_pick_ = next;
+  ++choice_len_;
+  // Whole, and no other text goes on from here: the value (or key) ends with this byte.
+  const std::string& t = choice_text(next);
+  if (t.size() != size_t(choice_len_)) return true;
+  for (int32_t i = first; i < end; ++i) {
+    const std::string& u = choice_text(i);
+    if (u.size() > t.size() && u.compare(0, t.size(), t) == 0) return true;
+  }
+  if (choice_kind_ == ChoiceKind::kKey) {
+    Frame& f = stack_[size_t(depth_ - 1)];
+    node_ = node(f.node)->properties[size_t(next)].node;
+    f.index = next + 1;
+    state_ = State::kColon;
+  } else {
+    end_value();
+  }
+  return true;
 }
 
 bool JsonPrefix::begin_value(uint8_t c) {
+  const JsonSchemaNode* n = node(node_);
+  if (n && !n->any_of.empty()) {
+    // The branch whose values can begin with c (at most one: checked when compiled).
+    for (int32_t branch : n->any_of) {
+      JsonPrefix t = *this;
+      t.node_ = branch;
+      if (t.begin_value(c)) {
+        *this = t;
+        return true;
+      }
+    }
+    return false;
+  }
+  if (n && !n->literals.empty()) {
+    choice_kind_ = ChoiceKind::kLiteral;
+    choice_node_ = node_;
+    choice_pick_ = 0;
+    choice_len_ = 0;
+    state_ = State::kChoice;
+    return choice_byte(c);
+  }
+  const uint8_t types = n ? n->types : uint8_t(kJsonAnyType);
   switch (c) {
     case '{':
     case '[':
-      if (stack_.size() >= kMaxDepth) return false;
-      stack_.push_back(char(c));
-      state_ = c == '{' ? State::kKeyOrEnd : State::kValueOrEnd;
+      if (!(types & (c == '{' ? kJsonObject : kJsonArray)) || depth_ >= kMaxDepth) return false;
+      stack_[size_t(depth_++)] = Frame{n ? node_ : -1, 0, char(c)};
+      if (c == '[') {
+        node_ = n ? n->items : -1;
+        state_ = State::kValueOrEnd;
+      } else {
+        state_ = State::kKeyOrEnd;
+      }
       return true;
-    case '"': state_ = State::kString; in_key_ = false; return true;
-    case '-': state_ = State::kMinus; return true;
-    case '0': state_ = State::kZero; return true;
+    case '"':
+      if (!(types & kJsonString)) return false;
+      state_ = State::kString;
+      in_key_ = false;
+      return true;
     case 't':
     case 'f':
-    case 'n': state_ = State::kLiteral; literal_ = char(c); aux_ = 1; return true;
+    case 'n':
+      if (!(types & (c == 'n' ? kJsonNull : kJsonBoolean))) return false;
+      choice_kind_ = ChoiceKind::kWord;
+      choice_pick_ = c == 't' ? 0 : c == 'f' ? 1 : 2;
+      choice_len_ = 1;
+      state_ = State::kChoice;
+      return true;
     default:
-      if (c >= '1' && c <= '9') {
-        state_ = State::kInt;
-        return true;
-      }
-      return false;
+      if (!(types & (kJsonInteger | kJsonNumber)) || !(c == '-' || is_digit(c))) return false;
+      integer_ = !(types & kJsonNumber);
+      state_ = c == '-' ? State::kMinus : c == '0' ? State::kZero : State::kInt;
+      return true;
   }
 }
 
 // Bytes between values: whitespace, brackets, commas, colons and the first byte of a value.
 bool JsonPrefix::structural(uint8_t c) {
   if (state_ == State::kDone) return false;
-  if (is_ws(c)) return whitespace(c);
+  if (is_ws(c)) return ++ws_run_ <= kMaxWhitespaceRun;
   ws_run_ = 0;
+  Frame* top = depth_ > 0 ? &stack_[size_t(depth_ - 1)] : nullptr;
   switch (state_) {
-    case State::kStart:
-      if (c != '{') return false;
-      stack_.push_back('{');
-      state_ = State::kKeyOrEnd;
-      return true;
     case State::kValue: return begin_value(c);
     case State::kValueOrEnd:
-      if (c != ']') return begin_value(c);
-      stack_.pop_back();
-      end_value();
-      return true;
+      if (c == ']') {
+        if (!may_close(*top)) return false;
+        --depth_;
+        end_value();
+        return true;
+      }
+      return may_continue(*top) && begin_value(c);
     case State::kKeyOrEnd:
       if (c == '}') {
-        stack_.pop_back();
+        if (!may_close(*top)) return false;
+        --depth_;
         end_value();
         return true;
       }
       [[fallthrough]];
-    case State::kKey:
+    case State::kKey: {
       if (c != '"') return false;
+      const JsonSchemaNode* n = node(top->node);
+      if (n && n->keyed) {
+        if (size_t(top->index) >= n->properties.size()) return false;
+        choice_kind_ = ChoiceKind::kKey;
+        choice_pick_ = top->index;
+        choice_len_ = 1;  // every key text begins with '"'
+        state_ = State::kChoice;
+        return true;
+      }
       state_ = State::kString;
       in_key_ = true;
       return true;
+    }
     case State::kColon:
       if (c != ':') return false;
       state_ = State::kValue;
       return true;
     case State::kCommaOrEnd: {
-      const bool object = stack_.back() == '{';
+      const bool object = top->kind == '{';
       if (c == ',') {
+        if (!may_continue(*top)) return false;
         state_ = object ? State::kKey : State::kValue;
+        if (!object) node_ = top->node < 0 ? -1 : node(top->node)->items;
         return true;
       }
-      if (c != (object ? '}' : ']')) return false;
-      stack_.pop_back();
+      if (c != (object ? '}' : ']') || !may_close(*top)) return false;
+      --depth_;
       end_value();
       return true;
     }
@@ -116,8 +253,9 @@ bool JsonPrefix::feed(uint8_t c) {
         return true;
       }
       if (c == '"') {
-        if (in_key_) {
+        if (in_key_) {  // a free key: any value follows
           in_key_ = false;
+          node_ = -1;
           state_ = State::kColon;
         } else {
           end_value();
@@ -159,18 +297,15 @@ bool JsonPrefix::feed(uint8_t c) {
       code_ = uint16_t(code_ << 4 | h);
       ++aux_;
       // Surrogates: a high one (D800-DBFF) must be followed by \u and a low one (DC00-DFFF); a
-      // low one alone is invalid. Decided as soon as the first two digits tell.
+      // low one alone is invalid. Decided as soon as the first digits tell.
       if (aux_ == 1 && surrogate_ == Surrogate::kWantLow && code_ != 0xD) return false;
       if (aux_ == 2) {
         const bool low = code_ >= 0xDC && code_ <= 0xDF;
         if (surrogate_ == Surrogate::kWantLow ? !low : low) return false;
       }
       if (aux_ < 4) return true;
-      if (surrogate_ == Surrogate::kWantLow) {
-        surrogate_ = Surrogate::kNone;
-      } else if (code_ >= 0xD800 && code_ <= 0xDBFF) {
-        surrogate_ = Surrogate::kWantBackslash;
-      }
+      if (surrogate_ == Surrogate::kWantLow) surrogate_ = Surrogate::kNone;
+      else if (code_ >= 0xD800 && code_ <= 0xDBFF) surrogate_ = Surrogate::kWantBackslash;
       state_ = State::kString;
       return true;
     }
@@ -183,11 +318,11 @@ bool JsonPrefix::feed(uint8_t c) {
       if (is_digit(c)) return true;
       [[fallthrough]];
     case State::kZero:
-      if (c == '.') {
+      if (!integer_ && c == '.') {
         state_ = State::kDot;
         return true;
       }
-      if (c == 'e' || c == 'E') {
+      if (!integer_ && (c == 'e' || c == 'E')) {
         state_ = State::kExp;
         return true;
       }
@@ -219,23 +354,25 @@ bool JsonPrefix::feed(uint8_t c) {
       if (is_digit(c)) return true;
       end_value();
       return structural(c);
-    case State::kLiteral: {
-      const char* text = literal_text(literal_);
-      if (c != uint8_t(text[aux_])) return false;
-      if (text[++aux_] == '\0') end_value();
-      return true;
-    }
+    case State::kChoice: return choice_byte(c);
     default: return structural(c);
   }
 }
 
 std::string JsonPrefix::key() const {
   std::string k;
-  k.reserve(12 + stack_.size());
-  for (uint8_t b : {uint8_t(state_), uint8_t(in_key_), aux_, uint8_t(literal_), utf8_left_, utf8_lo_, utf8_hi_,
-                    ws_run_, uint8_t(surrogate_), uint8_t(code_ >> 8), uint8_t(code_)})
+  auto put = [&k](const auto& v) { k.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(schema_->serial());
+  for (uint8_t b : {uint8_t(state_), uint8_t(in_key_), uint8_t(integer_), aux_, utf8_left_, utf8_lo_, utf8_hi_, ws_run_,
+                    uint8_t(surrogate_), uint8_t(choice_kind_)})
     k.push_back(char(b));
-  return k + stack_;
+  for (int32_t v : {node_, int32_t(code_), choice_node_, choice_pick_, choice_len_, depth_}) put(v);
+  for (int32_t i = 0; i < depth_; ++i) {
+    put(stack_[size_t(i)].node);
+    put(stack_[size_t(i)].index);
+    k.push_back(stack_[size_t(i)].kind);
+  }
+  return k;
 }
 
 const std::vector<uint8_t>& JsonTokenMasks::allowed(const JsonPrefix& state) {

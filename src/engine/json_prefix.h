@@ -1,9 +1,11 @@
-// JSON mode (OpenAI's response_format {"type": "json_object"}): a byte-level recogniser of the
-// prefixes of one JSON object (RFC 8259, UTF-8 checked), and the per-state masks of the tokens that
-// keep the output such a prefix. The engine samples only allowed tokens and ends the request once
-// the object is closed.
+// Structured output: a byte-level recogniser of the prefixes of the JSON texts a schema allows
+// (JSON mode, OpenAI's response_format json_object, is the schema "any object"; json_schema
+// compiles one, engine/json_schema.h), and the per-state masks of the tokens that keep the output
+// such a prefix. The engine samples only allowed tokens and ends the request once the value is
+// complete. JSON itself follows RFC 8259 (numbers, escapes, surrogate pairs, UTF-8 checked).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,34 +13,43 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/json_schema.h"
+
 namespace escala::engine {
 
 class JsonPrefix {
  public:
-  // Runs of whitespace between tokens are capped, so that a model cannot pad forever.
+  // Runs of whitespace between tokens are capped, so that a model cannot pad forever; so is the
+  // nesting depth.
   static constexpr int kMaxWhitespaceRun = 16;
+  static constexpr int kMaxDepth = 32;
 
-  // Consumes one byte; false (state unchanged in meaning: do not use it further) when no JSON
-  // object starts with what was fed plus this byte.
+  // `schema` must outlive the recogniser (and its copies); default: any JSON object.
+  explicit JsonPrefix(const JsonSchema* schema = nullptr);
+  JsonPrefix(const JsonPrefix& o) { *this = o; }
+  JsonPrefix& operator=(const JsonPrefix& o);
+
+  // Consumes one byte; false (and the recogniser must not be used further) when no allowed text
+  // starts with what was fed plus this byte. Each byte is refused as soon as no completion exists,
+  // so an accepted prefix is never a dead end.
   bool feed(uint8_t c);
   bool feed(std::string_view bytes);
-  // The object is closed: nothing may follow.
+  // The value is complete: nothing may follow.
   bool complete() const { return state_ == State::kDone; }
-  // The whole state as bytes (a key for caching the token mask per state).
+  // The whole state as bytes (a key for caching the token mask per state), the schema included.
   std::string key() const;
 
  private:
   enum class State : uint8_t {
-    kStart,         // before the top-level '{'
-    kValue,         // a value must come
+    kValue,         // a value must come (node_: its schema node)
     kValueOrEnd,    // after '[': a value or ']'
     kKeyOrEnd,      // after '{': a key or '}'
     kKey,           // after ',' in an object: a key
     kColon,         // after a key
     kCommaOrEnd,    // after a value inside a container
-    kString,        // inside a string
+    kString,        // inside a string (in_key_: a free object key)
     kEscape,        // after '\' in a string
-    kUnicode,       // inside \uXXXX (aux: hex digits left)
+    kUnicode,       // inside \uXXXX (aux_: hex digits read)
     kMinus,         // number: after '-'
     kZero,          // number: a leading 0
     kInt,           // number: integer digits
@@ -47,31 +58,50 @@ class JsonPrefix {
     kExp,           // number: after 'e'
     kExpSign,       // number: after the exponent's sign
     kExpDigits,     // number: exponent digits
-    kLiteral,       // true / false / null (aux: bytes matched, literal_: which)
-    kDone,          // the object is closed
+    kChoice,        // one of fixed texts: a literal, an enum value or a schema's key (see below)
+    kDone,          // the value is complete
   };
+  // After a high surrogate escape (\uD800-\uDBFF) a low one must follow at once.
+  enum class Surrogate : uint8_t { kNone, kWantBackslash, kWantLow };
+  enum class ChoiceKind : uint8_t { kLiteral, kWord, kKey };  // enum/const values; true/false/null; keys
+  struct Frame {
+    int32_t node;   // the container's schema node; -1: any
+    int32_t index;  // keyed object: the next property that may come; array: items so far
+    char kind;      // '{' or '['
+  };
+
+  const JsonSchemaNode* node(int32_t i) const { return i < 0 ? nullptr : &schema_->node(i); }
   bool structural(uint8_t c);
   bool begin_value(uint8_t c);
   void end_value();  // a value just ended: comma/end inside a container, done at the top
-  bool whitespace(uint8_t c);
+  bool choice_byte(uint8_t c);
+  // The fixed texts of the current choice, and of a keyed object's next keys.
+  int32_t choice_count() const;
+  const std::string& choice_text(int32_t i) const;
+  bool may_close(const Frame& f) const;     // '}' or ']' now
+  bool may_continue(const Frame& f) const;  // ',' now
 
-  // After a high surrogate escape (\uD800-\uDBFF) a low one must follow at once.
-  enum class Surrogate : uint8_t { kNone, kWantBackslash, kWantLow };
-
-  State state_ = State::kStart;
-  bool in_key_ = false;            // the string being read is an object key
-  uint8_t aux_ = 0;                // kUnicode: hex digits left; kLiteral: bytes matched
-  char literal_ = 0;               // 't', 'f' or 'n'
+  const JsonSchema* schema_ = nullptr;
+  State state_ = State::kValue;
+  int32_t node_ = 0;               // kValue: the node of the value to come; -1: any
+  bool in_key_ = false;            // the string being read is a free object key
+  bool integer_ = false;           // the number being read must be an integer
+  uint8_t aux_ = 0;                // kUnicode: hex digits read
   uint8_t utf8_left_ = 0;          // continuation bytes still due in a string
   uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;  // the next continuation byte's range
   uint8_t ws_run_ = 0;
   Surrogate surrogate_ = Surrogate::kNone;
   uint16_t code_ = 0;              // kUnicode: the hex digits so far
-  std::string stack_;              // open containers, '{' or '['
+  // kChoice: the texts are a literal node's (choice_node_'s literals) or the next keys of the top
+  // frame's keyed object; the bytes so far equal the first choice_len_ of text choice_pick_.
+  ChoiceKind choice_kind_ = ChoiceKind::kLiteral;
+  int32_t choice_node_ = 0, choice_pick_ = 0, choice_len_ = 0;
+  int32_t depth_ = 0;
+  std::array<Frame, kMaxDepth> stack_;  // only [0, depth_) is meaningful (and copied)
 };
 
-// Which tokens keep the output a JSON object prefix, from a recogniser's state. Token bytes are
-// fixed per vocabulary; masks are cached per state (a run of JSON revisits few states).
+// Which tokens keep the output an allowed prefix, from a recogniser's state. Token bytes are fixed
+// per vocabulary; masks are cached per state (a run of JSON revisits few states).
 class JsonTokenMasks {
  public:
   // pieces[t]: the bytes token t prints; an empty piece (a control token) is never allowed.

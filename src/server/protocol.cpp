@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "engine/json_schema.h"
+
 namespace escala::server {
 
 using nlohmann::json;
@@ -183,15 +185,28 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
   if (auto it = b.find("tools"); it != b.end() && !it->is_null() && !(it->is_array() && it->empty()))
     return bad("'tools' are not supported", "tools", "unsupported_value");
 
-  // response_format: text, or json_object (JSON mode); a JSON schema is not supported.
+  // response_format: text, json_object (JSON mode) or json_schema (structured output).
   if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
     if (!it->is_object()) return wrong_type("response_format", *it, "an object");
     auto t = it->find("type");
-    if (t != it->end() && t->is_string() && *t == "json_object") out.request.json_object = true;
-    else if (t == it->end() || !t->is_string() || *t != "text")
-      return bad("response_format must be {\"type\": \"text\"} or {\"type\": \"json_object\"} (JSON schemas are "
-                 "not supported)",
-                 "response_format", "unsupported_value");
+    if (t == it->end() || !t->is_string() || (*t != "text" && *t != "json_object" && *t != "json_schema"))
+      return bad("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"", "response_format.type");
+    if (*t == "json_object") out.request.json_schema = engine::JsonSchema::any_object();
+    if (*t == "json_schema") {
+      auto js = it->find("json_schema");
+      if (js == it->end() || !js->is_object())
+        return bad("'response_format.json_schema' must be an object with a 'schema'", "response_format.json_schema");
+      if (auto name = js->find("name"); name != js->end() && !name->is_string())
+        return wrong_type("response_format.json_schema.name", *name, "a string");
+      if (!js->contains("schema"))
+        return bad("'response_format.json_schema.schema' is required", "response_format.json_schema.schema",
+                   "missing_required_parameter");
+      // Parsed again keeping the order of the keys: the properties come out in the order written.
+      const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+      auto schema = engine::JsonSchema::compile(ordered["response_format"]["json_schema"]["schema"]);
+      if (!schema.ok()) return bad(schema.message(), "response_format.json_schema.schema");
+      out.request.json_schema = *schema;
+    }
   }
   if (auto it = b.find("user"); it != b.end() && !it->is_null() && !it->is_string())
     return wrong_type("user", *it, "a string");

@@ -1,4 +1,4 @@
-"""JSON mode (response_format json_object) through the official `openai` client."""
+"""Structured output (response_format json_object and json_schema) through the official `openai` client."""
 import json
 
 import openai
@@ -27,8 +27,32 @@ def test_streamed_json_equals_whole_and_completions(client, model_id):
     assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].text), dict)
 
 
-def test_json_schema_is_refused(client, model_id):
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+                                           "role": {"enum": ["admin", "user"]}},
+          "required": ["name", "age", "role"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_chat_json_schema(client, model_id, seed):
+    r = client.chat.completions.create(
+        model=model_id, messages=ASK, max_tokens=200, temperature=0.8, seed=seed,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+    c = r.choices[0]
+    assert c.finish_reason == "stop"
+    p = json.loads(c.message.content)
+    keys = list(p)
+    assert keys[:2] == ["name", "age"] and "role" in keys and set(keys) <= set(PERSON["properties"])
+    assert isinstance(p["name"], str) and isinstance(p["age"], int) and p["role"] in ("admin", "user")
+    assert len(p.get("hobbies", [])) <= 3 and all(isinstance(h, str) for h in p.get("hobbies", []))
+
+
+@pytest.mark.parametrize("schema,message", [
+    ({"type": "integer", "minimum": 0}, "'minimum' is not supported"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/X"}}}, "is not defined"),
+])
+def test_unsupported_schemas_are_refused(client, model_id, schema, message):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=model_id, messages=ASK, max_tokens=8, response_format={
-            "type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}}})
-    assert e.value.body["param"] == "response_format"
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert e.value.body["param"] == "response_format.json_schema.schema" and message in e.value.body["message"]

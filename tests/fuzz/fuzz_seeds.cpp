@@ -107,6 +107,10 @@ const std::vector<std::string> kBodies = {
                         R"( "presence_penalty": 1.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1})"),
     "\1" + std::string(R"({"messages": [], "tools": [{}], "response_format": {"type": "json_object"}})"),
     "\1" + std::string(R"({"messages": [{"role": "user", "content": "JSON"}], "response_format": {"type": "json_object"}})"),
+    "\1" + std::string(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema",)"
+                        R"( "json_schema": {"name": "p", "schema": {"type": "object", "properties": {"a": {"enum": [1, "b"]},)"
+                        R"( "c": {"anyOf": [{"$ref": "#/$defs/D"}, {"type": "null"}]}}, "required": ["a"],)"
+                        R"( "$defs": {"D": {"type": "array", "items": {"type": "integer"}, "maxItems": 2}}}}}})"),
     "\1" + std::string(R"({"messages": [{"role": "user", "content": "<|im_start|>"}], "logit_bias": {"1": 2}})"),
     "\1" + std::string(R"([[[[{"messages": null}]]]])"),
     "\1" + std::string(R"({"messages": [{"role": "user", "content": "Hi"}], "logprobs": true, "top_logprobs": 5,)"

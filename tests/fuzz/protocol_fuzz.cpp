@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "engine/json_prefix.h"
 #include "fuzz_vocab.h"
 #include "server/protocol.h"
 
@@ -94,6 +95,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const std::string& s : r.stop)
     if (s.empty()) fail("accepted an empty stop string");
   if (r.logprobs < -1 || r.logprobs > 20) fail("accepted logprobs", std::to_string(r.logprobs));
+  if (r.json_schema) {  // a compiled schema lets some byte begin the output
+    bool any = false;
+    for (int c = 0; c < 256 && !any; ++c) {
+      engine::JsonPrefix p(r.json_schema.get());
+      any = p.feed(uint8_t(c));
+    }
+    if (!any) fail("accepted a schema that no output can begin");
+  }
   for (const auto& [id, bias] : r.sampling.logit_bias)
     if (id >= c.tokenizer.vocab_size()) fail("accepted a logit_bias id beyond the vocabulary", std::to_string(id));
   return 0;

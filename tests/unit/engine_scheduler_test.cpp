@@ -382,7 +382,7 @@ TEST(EngineScheduler, JsonModeOutputsAreJsonObjects) {
   int closed = 0, total = 0;
   for (int iter = 0; iter < 12; ++iter) {
     Request r = make_requests(1, 120)[0];
-    r.json_object = true;
+    r.json_schema = JsonSchema::any_object();
     r.ignore_eos = false;
     r.sampling.temperature = iter == 0 ? 0.0f : 1.2f;
     r.sampling.top_k = 0, r.sampling.top_p = 1.0f, r.sampling.min_p = 0.0f;
