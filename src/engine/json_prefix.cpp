@@ -88,12 +88,12 @@ bool JsonPrefix::choice_byte(uint8_t c) {
   const std::string& cur = choice_text(choice_pick_);
   const size_t len = size_t(choice_len_);
   bool complete_now = false;  // the bytes so far are a whole text (that others extend)
-  int32_t next = -1;
-  for (int32_t i = first; i < end; ++i) {
+  int32_t next = len < cur.size() && uint8_t(cur[len]) == c ? choice_pick_ : -1;  // the usual case
+  for (int32_t i = first; i < end && next < 0; ++i) {
     const std::string& t = choice_text(i);
     if (t.size() < len || t.compare(0, len, cur, 0, len) != 0) continue;
     if (t.size() == len) complete_now = true;
-    else if (uint8_t(t[len]) == c && next < 0) next = i;
+    else if (uint8_t(t[len]) == c) next = i;
   }
   if (next < 0) {
     if (!complete_now) return false;

@@ -29,6 +29,15 @@ class JsonSchemaCompiler {
     return int32_t(nodes().size() - 1);
   }
 
+  // Bounds that keep a token mask pass cheap: every byte of a key or enum value is checked
+  // against the candidates, and a schema's nodes are walked per value.
+  static constexpr size_t kMaxNodes = 4096, kMaxChoices = 256, kMaxChoiceBytes = 8192;
+
+  static Status check_choice_bytes(size_t bytes, const std::string& path) {
+    if (bytes <= kMaxChoiceBytes) return {};
+    return error(path, fmt::format("the values or keys take more than {} bytes", kMaxChoiceBytes));
+  }
+
   static Status error(const std::string& path, const std::string& what) {
     return Status::error(fmt::format("{}: {}", path, what));
   }
@@ -46,6 +55,7 @@ class JsonSchemaCompiler {
       if (!ref->is_string()) return error(path + ".$ref", "must be a string");
       return resolve(ref->get<std::string>(), path + ".$ref");
     }
+    if (nodes().size() >= kMaxNodes) return error(path, fmt::format("the schema has more than {} parts", kMaxNodes));
     const int32_t idx = new_node();
     ESCALA_RETURN_IF_ERROR(fill(idx, s, path));
     return idx;
@@ -133,6 +143,7 @@ class JsonSchemaCompiler {
         n.literals.push_back(it->dump());
       } else {
         if (!it->is_array() || it->empty()) return error(path + ".enum", "must be a non-empty array");
+        if (it->size() > kMaxChoices) return error(path + ".enum", fmt::format("more than {} values", kMaxChoices));
         for (const auto& v : *it) n.literals.push_back(v.dump());
       }
     }
@@ -143,6 +154,7 @@ class JsonSchemaCompiler {
       if (s.contains("type") || !n.literals.empty())
         return error(path, fmt::format("'{}' next to 'type', 'enum' or 'const' is not supported", key));
       if (!it->is_array() || it->empty()) return error(path + "." + key, "must be a non-empty array");
+      if (it->size() > 8) return error(path + "." + key, "more than 8 branches");  // at most one per kind of value
       for (size_t i = 0; i < it->size(); ++i) {
         auto b = compile((*it)[i], fmt::format("{}.{}[{}]", path, key, i));
         if (!b.ok()) return b.status();
@@ -152,6 +164,7 @@ class JsonSchemaCompiler {
     }
     if (auto it = s.find("properties"); it != s.end()) {
       if (!it->is_object()) return error(path + ".properties", "must be an object");
+      if (it->size() > kMaxChoices) return error(path + ".properties", fmt::format("more than {} properties", kMaxChoices));
       n.keyed = true;
       for (const auto& [name, sub] : it->items()) {
         auto b = compile(sub, path + ".properties." + name);
@@ -159,6 +172,11 @@ class JsonSchemaCompiler {
         n.properties.push_back({ojson(name).dump(), *b, false});
       }
     }
+    size_t key_bytes = 0, literal_bytes = 0;
+    for (const auto& p : n.properties) key_bytes += p.key.size();
+    for (const auto& l : n.literals) literal_bytes += l.size();
+    ESCALA_RETURN_IF_ERROR(check_choice_bytes(key_bytes, path + ".properties"));
+    ESCALA_RETURN_IF_ERROR(check_choice_bytes(literal_bytes, path));
     if (auto it = s.find("required"); it != s.end()) {
       if (!it->is_array()) return error(path + ".required", "must be an array of property names");
       for (const auto& r : *it) {

@@ -79,6 +79,15 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
       {R"({"enum":[]})", "non-empty array"},
       {R"(3)", "must be an object or a boolean"},
   };
+  // Size bounds (a token mask pass checks every key and enum byte against the candidates).
+  ojson big_enum = {{"enum", ojson::array()}};
+  for (int i = 0; i < 300; ++i) big_enum["enum"].push_back(i);
+  EXPECT_NE(JsonSchema::compile(big_enum).message().find("more than 256 values"), std::string::npos);
+  ojson nested = ojson::object();
+  for (int i = 0; i < 17; ++i) nested = ojson{{"type", "array"}, {"items", nested}};
+  ojson wide = {{"type", "object"}, {"properties", ojson::object()}};
+  for (int i = 0; i < 250; ++i) wide["properties"][std::to_string(i)] = nested;  // 250 x 18 nodes
+  EXPECT_NE(JsonSchema::compile(wide).message().find("more than 4096 parts"), std::string::npos);
   for (const auto& [schema, message] : cases) {
     auto s = JsonSchema::compile(ojson::parse(schema));
     ASSERT_FALSE(s.ok()) << schema;
