@@ -386,11 +386,7 @@ void Engine::Impl::on_token(Seq& s, int32_t tok, TokenLogprob* logprob) {
 void Engine::Impl::sample(Seq& s, std::span<const float> row_logits) {
   const std::vector<uint8_t>* allowed = nullptr;
   if (s.json) {
-    if (!json_masks) {
-      std::vector<std::string> pieces(static_cast<size_t>(vocab));
-      for (int32_t t = 0; t < vocab; ++t) pieces[size_t(t)] = tokenizer.token_to_piece(t);  // control: ""
-      json_masks = std::make_unique<JsonTokenMasks>(std::move(pieces));
-    }
+    if (!json_masks) json_masks = JsonTokenMasks::for_tokenizer(tokenizer);
     allowed = &json_masks->allowed(*s.json);
     if (std::find(allowed->begin(), allowed->end(), uint8_t(1)) == allowed->end()) {
       Event ev;

@@ -1,11 +1,13 @@
 #include "engine/generation.h"
 
+#include "engine/json_prefix.h"
 #include "engine/stop_strings.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 namespace escala::engine {
 
@@ -37,9 +39,19 @@ Result<GenerationResult> generate(model::Model& model, const model::Tokenizer& t
   model::StreamDecoder decoder(tokenizer);
   StopMatcher stops(req.stop);  // holds back text that may be the start of a stop string
   out.finish_reason = "length";
+  std::unique_ptr<JsonTokenMasks> json_masks;
+  std::optional<JsonPrefix> json;
+  if (req.json_schema) {
+    json_masks = JsonTokenMasks::for_tokenizer(tokenizer);
+    json.emplace(req.json_schema.get());
+  }
   for (int32_t i = 0; i < req.max_tokens; ++i) {
-    const int32_t tok = sampler.sample(logits);
+    const std::vector<uint8_t>* allowed = json ? &json_masks->allowed(*json) : nullptr;
+    if (allowed && std::find(allowed->begin(), allowed->end(), uint8_t(1)) == allowed->end())
+      return Status::error("JSON output: no token of this vocabulary continues the value");
+    const int32_t tok = sampler.sample(logits, allowed);
     sampler.accept(tok);
+    if (json) (void)json->feed(json_masks->piece(tok));  // allowed, so it feeds
     if (tokenizer.is_end_of_generation(tok)) {
       out.finish_reason = "stop";
       break;
@@ -50,7 +62,7 @@ Result<GenerationResult> generate(model::Model& model, const model::Tokenizer& t
     const std::string ready = stops.push(*piece);
     if (on_text && !ready.empty()) on_text(ready);
     out.text += ready;
-    if (stops.stopped()) {
+    if (stops.stopped() || (json && json->complete())) {  // a stop string, or the JSON value is whole
       out.finish_reason = "stop";
       break;
     }

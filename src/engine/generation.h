@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "engine/json_schema.h"
 #include "escala/model.h"
 #include "escala/sampler.h"
 #include "escala/tokenizer.h"
@@ -19,6 +21,9 @@ struct GenerationRequest {
   SamplingParams sampling;
   int32_t max_tokens = 128;
   std::vector<std::string> stop;  // stop strings (not included in the output)
+  // Structured output (engine/json_schema.h): only tokens that keep the output a prefix of a JSON
+  // text the schema allows; ends ("stop") when the value is complete. Null: off.
+  std::shared_ptr<const JsonSchema> json_schema;
 };
 
 struct GenerationResult {

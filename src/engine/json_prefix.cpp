@@ -375,6 +375,12 @@ std::string JsonPrefix::key() const {
   return k;
 }
 
+std::unique_ptr<JsonTokenMasks> JsonTokenMasks::for_tokenizer(const model::Tokenizer& tokenizer) {
+  std::vector<std::string> pieces(static_cast<size_t>(tokenizer.vocab_size()));
+  for (int32_t t = 0; t < tokenizer.vocab_size(); ++t) pieces[size_t(t)] = tokenizer.token_to_piece(t);
+  return std::make_unique<JsonTokenMasks>(std::move(pieces));
+}
+
 const std::vector<uint8_t>& JsonTokenMasks::allowed(const JsonPrefix& state) {
   std::string k = state.key();
   if (auto it = cache_.find(k); it != cache_.end()) return *it->second;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/json_schema.h"
+#include "escala/tokenizer.h"
 
 namespace escala::engine {
 
@@ -106,6 +107,8 @@ class JsonTokenMasks {
  public:
   // pieces[t]: the bytes token t prints; an empty piece (a control token) is never allowed.
   explicit JsonTokenMasks(std::vector<std::string> pieces) : pieces_(std::move(pieces)) {}
+  // The pieces of a tokenizer's vocabulary (control tokens print nothing, so never come).
+  static std::unique_ptr<JsonTokenMasks> for_tokenizer(const model::Tokenizer& tokenizer);
   // mask[t] != 0 where token t may come next. The reference stays valid until the next call.
   const std::vector<uint8_t>& allowed(const JsonPrefix& state);
   const std::string& piece(int32_t token) const { return pieces_[size_t(token)]; }

@@ -553,5 +553,49 @@ TEST_F(CliTest, BadSamplingFlagsFailBeforeAnyOutput) {
   }
 }
 
+// Structured output from the command line with the default model (skipped without it): the text
+// is JSON of the schema, properties in order; bad schema flags fail before any output.
+TEST_F(CliTest, GenerateFollowsAJsonSchema) {
+  {
+    std::ofstream(path("bad.json")) << R"({"type": "string", "pattern": "x"})";
+    std::ofstream(path("broken.json")) << R"({"type": )";
+  }
+  for (const auto& [args, fragment] : std::vector<std::pair<std::string, std::string>>{
+           {"--json-schema " + path("bad.json"), "schema: 'pattern' is not supported"},
+           {"--json-schema " + path("broken.json"), "is not valid JSON"},
+           {"--json-schema " + path("none.json"), "cannot read"},
+           {"--json-object --json-schema " + path("bad.json"), "at most one of"}}) {
+    SCOPED_TRACE(args);
+    const CliResult r = run("generate --model /nonexistent/m.gguf --prompt hi " + args);
+    EXPECT_EQ(r.rc, 1);
+    EXPECT_EQ(r.err.rfind("escala: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(fragment), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  const fs::path model = fs::path(__FILE__).parent_path() / ".." / ".." / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!fs::exists(model)) GTEST_SKIP() << "no default model at " << model;
+  std::ofstream(path("city.json")) << R"({"type": "object", "properties": {"city": {"type": "string"},
+      "population": {"type": "integer"}, "rivers": {"type": "array", "items": {"type": "string"}, "maxItems": 2}},
+      "required": ["city", "population"]})";
+  for (int seed = 1; seed <= 3; ++seed) {
+    const CliResult r = run("generate --model '" + model.string() + "' --chat --prompt 'Describe Paris as JSON.' --json " +
+                            "--json-schema " + path("city.json") + " --temp 0.8 -n 120 --seed " + std::to_string(seed));
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const auto doc = nlohmann::json::parse(r.out);
+    ASSERT_EQ(doc["finish_reason"], "stop") << doc["text"];
+    const auto v = nlohmann::ordered_json::parse(doc["text"].get<std::string>());
+    std::vector<std::string> keys;
+    for (const auto& [k, x] : v.items()) keys.push_back(k);
+    ASSERT_GE(keys.size(), 2u);
+    EXPECT_EQ(keys[0], "city");
+    EXPECT_EQ(keys[1], "population");
+    EXPECT_TRUE(v["city"].is_string() && v["population"].is_number_integer()) << v.dump();
+    if (v.contains("rivers")) {
+      EXPECT_TRUE(v["rivers"].is_array() && v["rivers"].size() <= 2) << v.dump();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace escala::test

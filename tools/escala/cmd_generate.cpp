@@ -8,9 +8,12 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <memory>
 
 #include "commands.h"
 #include "engine/generation.h"
+#include "engine/json_schema.h"
 #include "model_options.h"
 
 namespace escala::cli {
@@ -23,6 +26,8 @@ struct GenerateFlags {
   std::string prompt_ids;  // comma-separated token ids, instead of text (benchmarks: exact lengths)
   bool chat = false;  // wrap the prompt as one user turn of the model's chat template
   bool json = false;  // one JSON object instead of streamed text (scripts, comparisons)
+  bool json_object = false;  // structured output: any JSON object
+  std::string json_schema;   // structured output: a JSON schema file
   std::string omp_spin = "3000";  // as escala serve: see reexec_with_omp_spin
 };
 
@@ -56,11 +61,27 @@ int64_t peak_rss_bytes() {
   return kb < 0 ? -1 : kb * 1024;
 }
 
+// --json-object / --json-schema FILE: the compiled schema (null without either).
+Result<std::shared_ptr<const engine::JsonSchema>> structured_output(const GenerateFlags& f) {
+  if (f.json_object && !f.json_schema.empty()) return Status::error("give at most one of --json-object and --json-schema");
+  if (f.json_object) return engine::JsonSchema::any_object();
+  if (f.json_schema.empty()) return std::shared_ptr<const engine::JsonSchema>();
+  std::ifstream in(f.json_schema, std::ios::binary);
+  if (!in) return Status::error(fmt::format("--json-schema: cannot read '{}'", f.json_schema));
+  const auto doc = nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return Status::error(fmt::format("--json-schema: '{}' is not valid JSON", f.json_schema));
+  auto compiled = engine::JsonSchema::compile(doc);
+  if (!compiled.ok()) return Status::error(fmt::format("--json-schema: {}", compiled.message()));
+  return *compiled;
+}
+
 Status run_generate(const GenerateFlags& f) {
   if (f.prompt.empty() == f.prompt_ids.empty()) return Status::error("give exactly one of --prompt and --prompt-ids");
   if (!f.prompt_ids.empty() && f.chat) return Status::error("--chat needs --prompt (text), not --prompt-ids");
   // Before the model loads and the prompt is echoed: no partial output for bad sampling flags.
   ESCALA_RETURN_IF_ERROR(f.sampling.params.validate());
+  auto schema = structured_output(f);
+  if (!schema.ok()) return schema.status();
   ESCALA_RETURN_IF_ERROR(check_omp_spin(f.omp_spin));
   reexec_with_omp_spin(f.omp_spin, "ESCALA_GENERATE_REEXEC");
   auto lm = load_model(f.model);
@@ -87,6 +108,7 @@ Status run_generate(const GenerateFlags& f) {
   req.sampling = f.sampling.params;
   req.max_tokens = f.sampling.max_tokens;
   req.stop = f.sampling.stop;
+  req.json_schema = *schema;
   if (!f.chat && !f.json && f.prompt_ids.empty()) {
     std::fputs(f.prompt.c_str(), stdout);
     std::fflush(stdout);
@@ -152,6 +174,9 @@ void add_generate_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--prompt-ids", flags.prompt_ids, "Prompt as comma-separated token ids (instead of --prompt)");
   cmd->add_flag("--chat", flags.chat, "Apply the model's chat template to the prompt (one user turn)");
   cmd->add_flag("--json", flags.json, "Print one JSON object (token ids, text, top first-position logits, speeds)");
+  cmd->add_flag("--json-object", flags.json_object, "Structured output: generate one JSON object, then stop");
+  cmd->add_option("--json-schema", flags.json_schema,
+                  "Structured output: generate JSON that this schema file allows (properties in order), then stop");
   cmd->add_option("--omp-spin", flags.omp_spin,
                   "OpenMP wait: spin count before a waiting thread sleeps (default 3000: short, for shared "
                   "machines), passive, or keep (the runtime's default)");
