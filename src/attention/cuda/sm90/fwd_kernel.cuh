@@ -68,17 +68,7 @@ struct Sm90Config {
   // 192-row one 0.6-0.8% faster (cuda_notes step 118).
   static constexpr bool kGemmRowSums = kConsumers == 3 && DV == 64;
   static constexpr int kOnesOffset = kQBytes + kStages * (kKTileBytes + kVTileBytes);
-#ifndef ESCALA_EXP_FIRST_IN_LOOP
-#define ESCALA_EXP_FIRST_IN_LOOP 0
-#endif
-  // Experiment: the item's first key tile inside the tile loop (no peeled first tile, as cuDNN's
-  // kernel), its turn's P V multiplying zero P by a zero V tile (after the V ring). The macro's
-  // bit 1 takes it to the dense 128-row d = 64 kernel, bit 2 to the dense d = 128 one. (Issuing no
-  // P V in that turn, a branch around its wgmma, made ptxas serialise both kernels.)
-  static constexpr bool kFirstInLoop =
-      DQK == DV && kConsumers == 2 &&
-      ((DQK == 64 && (ESCALA_EXP_FIRST_IN_LOOP & 1)) || (DQK == 128 && (ESCALA_EXP_FIRST_IN_LOOP & 2)));
-  static constexpr int kOnesBytes = kGemmRowSums ? kStages * kVTileBytes : kFirstInLoop ? kVTileBytes : 0;
+  static constexpr int kOnesBytes = kGemmRowSums ? kStages * kVTileBytes : 0;
   static constexpr int kOOffset = kOnesOffset + kOnesBytes;
   static constexpr int kOBytes = BM * DV * 2;
   // After the tiles: barriers (192 bytes), the two item slots (80 bytes each), alignment slack.
@@ -491,13 +481,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint64_t dq0 = smem_desc_sw128(sQ + cw * 64 * 128, 16, 1024);
   const uint64_t dk0 = smem_desc_sw128(sK, 16, 1024);
   const uint64_t dv0 = smem_desc_sw128(sV, kSumsInPV ? S * Cfg::kVTileBytes : BN * 128, 1024);
-  constexpr bool kFirstInLoop = Cfg::kFirstInLoop && !kSplitPaged;
-  if constexpr (kFirstInLoop) {
-    for (int u = tid - 128; u < Cfg::kVTileBytes / 16; u += Cfg::kConsumerThreads)
-      *reinterpret_cast<uint4*>(smem_raw + (base - raw) + Cfg::kOnesOffset + u * 16) = make_uint4(0u, 0u, 0u, 0u);
-    fence_proxy_async();
-    named_bar_sync<Cfg::kConsumers + 1, Cfg::kConsumerThreads>();
-  }
   if constexpr (kSumsInPV) {
     // The ones blocks: row r's logical first 16-byte unit (columns 64-71 of P V's B) sits at unit
     // r % 8 under the 128-byte swizzle; its first element is 1, everything else 0.
@@ -525,9 +508,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   auto issue_pv = [&](const auto& a, int s) {
     constexpr int kSteps = std::extent_v<std::remove_reference_t<decltype(a)>>;
-    // s < 0: the zero V tile after the ring (kFirstInLoop's first turn).
-    const uint64_t dv = kFirstInLoop && s < 0 ? dv0 + static_cast<uint64_t>((S * Cfg::kVTileBytes) >> 4)
-                                              : dv0 + static_cast<uint64_t>(s * (Cfg::kVTileBytes >> 4));
+    const uint64_t dv = dv0 + static_cast<uint64_t>(s * (Cfg::kVTileBytes >> 4));
 #pragma unroll
     for (int kk = 0; kk < kSteps; ++kk)
       wgmma_rs(o_acc, a[kk], dv + static_cast<uint64_t>((kk * 16 * 128) >> 4), static_cast<const T*>(nullptr));
@@ -687,42 +668,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int n_tiles = item_tiles - skip;
       mbar_wait(q_full, q_iter & 1);
       SM90_TRACE(tr, 2);
-      bool narrow;
-      if constexpr (kFirstInLoop) {
-        narrow = narrow_sink_tile(it);
-        // Every tile in the loop but the narrow sink tile; the first turn's P V adds zero P times
-        // the zero V tile (P is zeroed here so that a previous item's NaN cannot reach this one).
-#pragma unroll
-        for (int kk = 0; kk < kNT / 2; ++kk) pf[kk][0] = pf[kk][1] = pf[kk][2] = pf[kk][3] = 0u;
-        float alpha[2];
-        for (int i = 0; i < n_tiles - (narrow ? 1 : 0); ++i) {
-          const Counter cur = kv_iter + i, prev = cur - 1;
-          const int s = cur % S, sp = i > 0 ? static_cast<int>(prev % S) : -1;
-          wait_k(cur);
-          if (i > 0) wait_v(prev);
-          reg_fence(o_acc);
-          reg_fence_u32(pf);
-          take_turn();
-          wgmma_fence();
-          issue_qk(sacc, s);
-          issue_pv(pf, sp);
-          pass_turn();
-          wgmma_wait<1>();
-          reg_fence(sacc);
-          mbar_arrive(empty_k(s));
-          if (i == n_tiles - 1) mbar_arrive(q_empty);
-          softmax(i, alpha);
-          // The P V wait pinned after the softmax, as in the loop below.
-          if constexpr (DV >= 128)
-            if (__any_sync(0xffffffffu, __float_as_uint(row_sum[0] + row_sum[1]) == 0xFFFFFFFFu)) __nanosleep(1);
-          wgmma_wait<0>();
-          reg_fence(o_acc);
-          reg_fence_u32(pf);
-          if (i > 0) mbar_arrive(empty_v(sp));
-          if (!kLazyRescale || warp_needs_rescale(alpha)) rescale_rows(o_acc, alpha);
-          pack_p<T>(sacc, pf);
-        }
-      } else {
       // Tile 0: Q Kᵀ alone.
       const int s0 = kv_iter % S;
       wait_k(kv_iter);
@@ -742,7 +687,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       softmax(0, alpha);
       pack_p<T>(sacc, pf);
       SM90_TRACE(tr, 7);
-      narrow = narrow_sink_tile(it);
+      const bool narrow = narrow_sink_tile(it);
       for (int i = 1; i < n_tiles - (narrow ? 1 : 0); ++i) {
         const Counter cur = kv_iter + i, prev = cur - 1;
         const int s = cur % S, sp = prev % S;
@@ -780,7 +725,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         mbar_arrive(empty_v(sp));
         if (!kLazyRescale || warp_needs_rescale(alpha)) rescale_rows(o_acc, alpha);
         pack_p<T>(sacc, pf);
-      }
       }
       if (kNarrow && narrow) {
         // The sink tile, the item's last: the loop body with the narrow Q Kᵀ, its softmax and P.

@@ -1,4 +1,8 @@
 // sm_90a prefill kernel instantiations for head dim 64 (bf16 and fp16).
+// The 128-row kernel's key-tile loop at 80 mod 128 bytes (three 16-byte instructions once per CTA,
+// fwd_kernel.cuh) instead of 32: measured 0.2-0.6% faster on every d = 64 shape, never slower
+// (sessions 39 and 41, cuda_notes step 174). Re-choose it with any change to this file's kernels.
+#define ESCALA_SM90_LOOP_PAD 3
 #include "attention/cuda/sm90/fwd_launch.cuh"
 #include "attention/cuda/sm90/tile_rows.h"
 
