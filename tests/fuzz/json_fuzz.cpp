@@ -19,15 +19,6 @@ namespace {
   std::abort();
 }
 
-bool can_continue(const escala::engine::JsonPrefix& p) {
-  if (p.complete()) return true;
-  for (int c = 0; c < 256; ++c) {
-    escala::engine::JsonPrefix q = p;
-    if (q.feed(uint8_t(c))) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -36,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   JsonPrefix p;
   size_t i = 0;
   for (; i < size; ++i) {
-    if (!can_continue(p)) fail("dead end", text);
+    if (!escala::test::can_continue(p)) fail("dead end", text);
     if (!p.feed(data[i])) break;
   }
   const bool accepted = i == size && p.complete();

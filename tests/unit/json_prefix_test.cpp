@@ -93,16 +93,6 @@ std::string random_object_text(std::mt19937& rng) {
   return o.dump(indent, ' ', /*ensure_ascii=*/rng() % 2 == 0);
 }
 
-// No dead ends: from an accepted prefix some byte goes on, unless the object is complete.
-bool can_continue(const JsonPrefix& p) {
-  if (p.complete()) return true;
-  for (int c = 0; c < 256; ++c) {
-    JsonPrefix q = p;
-    if (q.feed(uint8_t(c))) return true;
-  }
-  return false;
-}
-
 TEST(JsonPrefix, AgreesWithNlohmannOnRandomDocumentsAndMutations) {
   std::mt19937 rng(std::random_device{}());
   const std::string alphabet = "{}[]\":,0123456789.-+eEtruefalsn \n\\u/abDCE\x01\xC3\xA9\xED\xA0\xF0\x9F";
@@ -123,7 +113,7 @@ TEST(JsonPrefix, AgreesWithNlohmannOnRandomDocumentsAndMutations) {
     JsonPrefix p;
     size_t i = 0;
     for (; i < m.size(); ++i) {
-      ASSERT_TRUE(can_continue(p)) << "dead end after " << i << " bytes of " << m;
+      ASSERT_TRUE(test::can_continue(p)) << "dead end after " << i << " bytes of " << m;
       if (!p.feed(uint8_t(m[i]))) break;
     }
     const bool ok = i == m.size() && p.complete();

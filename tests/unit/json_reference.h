@@ -1,9 +1,12 @@
-// nlohmann::json as the reference for JSON mode's recogniser: is a text one JSON object?
+// Checks shared by the structured-output tests and the json fuzz target: nlohmann::json as the
+// reference (is a text one JSON object?) and the recogniser's no-dead-end property.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <string>
+
+#include "engine/json_prefix.h"
 
 namespace escala::test {
 
@@ -21,6 +24,16 @@ inline bool is_json_object(std::string s) {
     for (; j < s.size() && s[j] >= '0' && s[j] <= '9'; ++j) s[j] = '0';
   }
   return nlohmann::json::accept(s) && nlohmann::json::parse(s).is_object();
+}
+
+// No dead ends: from an accepted prefix some byte goes on, unless the value is complete.
+inline bool can_continue(const engine::JsonPrefix& p) {
+  if (p.complete()) return true;
+  for (int c = 0; c < 256; ++c) {
+    engine::JsonPrefix q = p;
+    if (q.feed(uint8_t(c))) return true;
+  }
+  return false;
 }
 
 }  // namespace escala::test

@@ -272,15 +272,6 @@ void mutate_tree(ojson& root, std::mt19937& rng) {
   else (*v)["added"] = other;
 }
 
-bool can_continue(const JsonPrefix& p) {
-  if (p.complete()) return true;
-  for (int c = 0; c < 256; ++c) {
-    JsonPrefix q = p;
-    if (q.feed(uint8_t(c))) return true;
-  }
-  return false;
-}
-
 TEST(JsonSchema, RandomSchemasInstancesAndMutations) {
   std::mt19937 rng(std::random_device{}());
   SchemaMaker maker{rng};
@@ -315,7 +306,7 @@ TEST(JsonSchema, RandomSchemasInstancesAndMutations) {
       JsonPrefix p(&s);
       size_t i = 0;
       for (; i < m.size(); ++i) {
-        ASSERT_TRUE(can_continue(p)) << "dead end after " << i << " bytes of " << m << "\nschema " << raw.dump();
+        ASSERT_TRUE(test::can_continue(p)) << "dead end after " << i << " bytes of " << m << "\nschema " << raw.dump();
         if (!p.feed(uint8_t(m[i]))) break;
       }
       if (i == m.size() && p.complete()) {
