@@ -41,7 +41,7 @@ struct Seq {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<model::StreamDecoder> decoder;
   StopMatcher stops;
-  std::optional<JsonPrefix> json;  // JSON mode: the output so far
+  std::optional<JsonPrefix> json;  // structured output: the recogniser over the output so far
 };
 
 struct Item {
@@ -108,7 +108,7 @@ struct Engine::Impl {
   EngineStats st;
   std::deque<std::pair<Clock::time_point, int64_t>> rate_samples;
   std::vector<float> logits;
-  std::unique_ptr<JsonTokenMasks> json_masks;  // made at the first JSON-mode request
+  std::unique_ptr<JsonTokenMasks> json_masks;  // made at the first structured-output request
   std::mutex join_mu;  // shutdown() may be called from several threads (signal thread, destructor)
   std::thread thread;
 
@@ -391,7 +391,8 @@ void Engine::Impl::sample(Seq& s, std::span<const float> row_logits) {
     if (std::find(allowed->begin(), allowed->end(), uint8_t(1)) == allowed->end()) {
       Event ev;
       ev.index = s.index;
-      finish(s, FinishReason::kError, std::move(ev), "JSON mode: no token of this vocabulary continues the object");
+      finish(s, FinishReason::kError, std::move(ev),
+             "structured output: no token of this vocabulary continues the JSON value");
       return;
     }
   }
@@ -403,7 +404,7 @@ void Engine::Impl::sample(Seq& s, std::span<const float> row_logits) {
   } else {
     on_token(s, tok, nullptr);
   }
-  if (s.json && s.json->complete() && s.in_cache) {  // the object closed: nothing may follow
+  if (s.json && s.json->complete() && s.in_cache) {  // the value is whole: nothing may follow
     Event ev;
     ev.index = s.index;
     finish(s, FinishReason::kStop, std::move(ev));
