@@ -116,6 +116,17 @@ std::optional<ApiError> parse_object(const std::string& body, const ProtocolCont
   return std::nullopt;
 }
 
+// One token id of an array (a prompt's, /detokenize's): an integer within the vocabulary.
+std::optional<ApiError> append_token_id(const json& t, const char* param, const char* want,
+                                        const model::Tokenizer& tok, std::vector<int32_t>& out) {
+  if (!t.is_number_integer()) return wrong_type(param, t, want);
+  const int64_t id = t.is_number_unsigned() ? int64_t(std::min<uint64_t>(t.get<uint64_t>(), 1ull << 40)) : t.get<int64_t>();
+  if (id < 0 || id >= tok.vocab_size())
+    return bad(fmt::format("token id {} is out of range [0, {})", id, tok.vocab_size()), param);
+  out.push_back(int32_t(id));
+  return std::nullopt;
+}
+
 // model: optional; when given it must name the served model.
 std::optional<ApiError> check_model(const json& b, const ProtocolContext& ctx) {
   auto it = b.find("model");
@@ -344,11 +355,7 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
     } else if (p->is_array()) {
       for (const json& t : *p) {
         if (t.is_string()) return bad("only one prompt per request is supported", "prompt", "unsupported_value");
-        if (!t.is_number_integer()) return wrong_type("prompt", t, "a string or an array of token ids");
-        const int64_t id = t.is_number_unsigned() ? int64_t(std::min<uint64_t>(t.get<uint64_t>(), 1ull << 40)) : t.get<int64_t>();
-        if (id < 0 || id >= tok.vocab_size())
-          return bad(fmt::format("token id {} is out of range [0, {})", id, tok.vocab_size()), "prompt");
-        prompt.push_back(int32_t(id));
+        if (auto e = append_token_id(t, "prompt", "a string or an array of token ids", tok, prompt)) return e;
       }
     } else {
       return wrong_type("prompt", *p, "a string or an array of token ids");
@@ -379,7 +386,6 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
   return std::nullopt;
 }
 
-
 std::optional<ApiError> tokenize_request(const std::string& body, const ProtocolContext& ctx, json& out) {
   json b;
   if (auto e = parse_object(body, ctx, b)) return e;
@@ -405,11 +411,7 @@ std::optional<ApiError> detokenize_request(const std::string& body, const Protoc
   if (!it->is_array()) return wrong_type("tokens", *it, "an array of token ids");
   std::vector<int32_t> ids;
   for (const json& t : *it) {
-    if (!t.is_number_integer()) return wrong_type("tokens", t, "an array of token ids");
-    const int64_t id = t.is_number_unsigned() ? int64_t(std::min<uint64_t>(t.get<uint64_t>(), 1ull << 40)) : t.get<int64_t>();
-    if (id < 0 || id >= ctx.tokenizer->vocab_size())
-      return bad(fmt::format("token id {} is out of range [0, {})", id, ctx.tokenizer->vocab_size()), "tokens");
-    ids.push_back(int32_t(id));
+    if (auto e = append_token_id(t, "tokens", "an array of token ids", *ctx.tokenizer, ids)) return e;
   }
   model::DecodeOptions d;
   d.render_special = true;
