@@ -18,11 +18,13 @@
 // Score: s = q.k * softmax_scale; if softcap > 0, s = softcap * tanh(s / softcap).
 // Learned sink logit (per query head): exp(sink_logit) joins the softmax denominator with no value.
 // A row with nothing visible (and no sink logit) yields O = 0 and LSE = -inf, never NaN.
-// Non-finite inputs propagate as in exact arithmetic (CPU kernels; the CUDA ones are not yet
-// tested for it): a NaN or inf in a query makes its row NaN, a NaN or +inf score (from a key) the
-// rows that see that key, a NaN value its column in those rows. A non-finite value at a key that a
-// row does not see may still reach that row when the key shares a kernel tile with visible ones.
-// With int8 K/V the decode kernel quantizes each query row: an inf in it gives a NaN row.
+// Non-finite inputs propagate as in exact arithmetic (CPU and CUDA kernels): a NaN or inf in a
+// query makes its row NaN, a NaN or +inf score (from a key) the rows that see that key, a NaN value
+// its column in those rows. A non-finite value at a key that a row does not see may still reach
+// that row when the key shares a kernel tile with visible ones; in the Hopper prefill kernel over
+// contiguous K/V, a NaN value in a sequence's first rows may also reach the previous sequence's rows
+// (its last key tile runs on into them, with probability 0).
+// With int8 K/V the CPU decode kernel quantizes each query row: an inf in it gives a NaN row.
 //
 // LSE = log(sum_j exp(s_j) [+ exp(sink_logit)]). Two results over disjoint key ranges, computed
 // without sink logits, merge exactly with merge_partial(); a sink logit is a partial with O = 0.

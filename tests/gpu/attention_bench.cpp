@@ -2,7 +2,8 @@
 // name,B=..,S=..[,Sk=..],h=..,hk=..,d=..[,dv=..][,causal=1][,wl=..][,wr=..][,sinks=..][,dtype=bf16|f16]
 // [,rows=128|192] (the sm_90 kernel's query tile at d <= 64; default: its cost model) [,splits=N] (split-KV;
 // default: the split rule) [,page=N] (K/V read through a block table of N-token pages, laid out in
-// order: the same bytes as contiguous) [,lse=0] (O only, no LSE written; default: LSE written).
+// order: the same bytes as contiguous) [,lse=0] (O only, no LSE written; default: LSE written)
+// [,tail=N] (the sm_90 work order's deferred partial tiles, Sm90Tuning::tail_pairs; default: automatic).
 // [--eager] [--warmup S] [--inner N]. Fresh random inputs per shape (never zeros); timing in bench_timing.h
 // (warm-up, samples of --inner calls, default 10, replayed from a CUDA graph; median of --reps).
 // FLOPs = 2 * (d + dv) * (visible (query, key) pairs) * h * B: only pairs the mask lets through count.
@@ -27,7 +28,8 @@ namespace {
 
 struct Shape {
   std::string name;
-  int B = 1, S = 1024, Sk = 0, h = 16, hk = 16, d = 128, dv = 0, wl = -1, wr = -1, sinks = 0, rows = 0, splits = 0, page = 0;
+  int B = 1, S = 1024, Sk = 0, h = 16, hk = 16, d = 128, dv = 0, wl = -1, wr = -1, sinks = 0, rows = 0, splits = 0, page = 0,
+      tail = -1;
   bool causal = false;
   bool lse = true;  // lse=0: O only, as PyTorch asks cuDNN for when no input needs a gradient
   DType dt = DType::kBF16;
@@ -53,6 +55,7 @@ bool parse_shape(const std::string& spec, Shape& s) {
     else if (k == "wr") s.wr = x;
     else if (k == "sinks") s.sinks = x;
     else if (k == "rows") s.rows = x;
+    else if (k == "tail") s.tail = x;
     else if (k == "splits") s.splits = x;
     else if (k == "page") s.page = x;
     else if (k == "lse") s.lse = x != 0;
@@ -144,7 +147,7 @@ int run_bench(int argc, char** argv) {
     const double flops = 2.0 * (s.d + s.dv) * visible_pairs(mask, s.S, s.Sk) * s.h * s.B;
     Status st;
     const CallTime t = time_calls(
-        [&](cudaStream_t strm) { return (st = attn::cuda::attention_cuda_arch(p, strm, opt, arch, s.rows)).ok(); }, stream,
+        [&](cudaStream_t strm) { return (st = attn::cuda::attention_cuda_arch(p, strm, opt, arch, {s.rows, s.tail})).ok(); }, stream,
         reps, timing);
     if (!t.ok) {
       std::printf("BENCH name=%s error=\"%s\"\n", s.name.c_str(), st.message().c_str());

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -37,6 +38,9 @@ struct Case {
   float k_ramp = 0.0f;        // K row j of n scaled by 1 + k_ramp (n - 1 - j) / 128 (not with packed_qkv)
   int num_splits = 0;         // CudaOptions::num_splits (0: the launcher's choice)
   bool garbage_workspace = false;  // the caller's workspace (256 bytes of 0x7f before every call)
+  int tail_pairs = -1;             // Sm90Tuning::tail_pairs (-1: the launcher's choice)
+  int poison = -1;                 // 0 / 1 / 2: two random elements of Q / K / V set to poison_value
+  float poison_value = 0.0f;
   uint64_t seed = 1;
 
   int d_v() const { return dv ? dv : d; }
@@ -50,7 +54,8 @@ struct Case {
     os << "} h=" << h << " hk=" << hk << " d=" << d << " dv=" << d_v() << " " << dtype_name(dt) << " causal=" << causal
        << " window=(" << wl << "," << wr << ") sinks=" << sinks << " sink_logits=" << sink_logits
        << " softcap=" << softcap << " packed=" << packed_qkv << " k_ramp=" << k_ramp << " splits=" << num_splits
-       << " garbage_workspace=" << garbage_workspace;
+       << " garbage_workspace=" << garbage_workspace << " tail_pairs=" << tail_pairs;
+    if (poison >= 0) os << " poison " << "QKV"[poison] << " = " << poison_value;
     return os.str();
   }
 };
@@ -117,6 +122,12 @@ void check_case(const Case& c) {
           row[e] = c.dt == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
         }
       }
+    if (c.poison >= 0) {
+      std::vector<uint16_t>& t = c.poison == 0 ? hq : c.poison == 1 ? hk_ : hv;
+      std::mt19937_64 r(c.seed + 3000);
+      const uint16_t bad = c.dt == DType::kBF16 ? f32_to_bf16(c.poison_value) : f32_to_f16(c.poison_value);
+      for (int k = 0; k < 2 && !t.empty(); ++k) t[r() % t.size()] = bad;
+    }
     p.q = hq.data(), p.k = hk_.data(), p.v = hv.data();
     p.q_row_stride = static_cast<int64_t>(c.h) * d;
     p.k_row_stride = static_cast<int64_t>(c.hk) * d;
@@ -184,7 +195,7 @@ void check_case(const Case& c) {
       GPU_CHECK(cudaMemset(d_o.get(), 0xff, d_o.bytes()));    // NaN in f16 and bf16
       GPU_CHECK(cudaMemset(d_lse.get(), 0xff, d_lse.bytes()));  // NaN
       if (c.garbage_workspace) GPU_CHECK(cudaMemset(workspace.get(), 0x7f, 256));  // counters past every item
-      const Status st = attn::cuda::attention_cuda_arch(g, nullptr, opt, arch, kernel.tile_rows);
+      const Status st = attn::cuda::attention_cuda_arch(g, nullptr, opt, arch, {kernel.tile_rows, c.tail_pairs});
       ASSERT_TRUE(st.ok()) << st.message();
       GPU_CHECK(cudaDeviceSynchronize());
       GPU_CHECK(cudaGetLastError());
@@ -245,6 +256,47 @@ TEST(AttentionCuda, CallersWorkspaceWithGarbage) {
     c.seed = 1400 + causal;
     check_case(c);
   }
+}
+
+// The sm_90 work order without a causal mask or window: the partial last query tiles of the last
+// `tail_pairs` (sequence, head) pairs come after every other item. None, one, some, all and more
+// than all of the 12 pairs; sequences whose last tile is partial (1000, 129) and whole (256 at 128
+// rows); the dense kernels and the split variant.
+TEST(AttentionCuda, PartialTilesDeferredToTheEnd) {
+  for (int tail : {0, 1, 5, 12, 100})
+    for (int d : {64, 128}) {
+      Case c;
+      c.q_lens = c.kv_lens = {1000, 256, 129};
+      c.h = 4, c.hk = 2, c.d = d, c.tail_pairs = tail, c.num_splits = tail == 5 ? 0 : 1;
+      c.seed = 1500 + tail + d;
+      check_case(c);
+    }
+}
+
+// Non-finite inputs propagate as attention.h states, as on the CPU (the reference decides which
+// outputs are NaN, compare_outputs wants exactly those): a NaN or inf in Q makes its row NaN, in K
+// the rows that see that key; a NaN in V that column of the rows that see it. Before, the
+// epilogues read a NaN row sum as an empty row and wrote 0. V is poisoned only where every row
+// sees every key of one sequence: the kernels multiply whole tiles, so a masked key's NaN value
+// (0 * NaN), or the next sequence's past a tile's end, may also reach a row.
+TEST(AttentionCuda, NonFiniteInputsPropagate) {
+  const float kBad[] = {std::nanf(""), std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  int n = 0;
+  for (int d : {64, 128, 256})
+    for (int what = 0; what < 3; ++what)
+      for (float bad : kBad) {
+        if (what == 2 && !std::isnan(bad)) continue;
+        Case c;
+        c.d = d, c.h = 4, c.hk = 2, c.poison = what, c.poison_value = bad, c.seed = 1600 + n++;
+        if (what == 2) {
+          c.q_lens = c.kv_lens = {300};
+        } else {
+          c.q_lens = {129, 1000, 7}, c.kv_lens = {129, 1000, 300};
+          c.causal = n % 2 == 0, c.sink_logits = n % 3 == 0, c.softcap = n % 4 == 1 ? 20.0f : 0.0f;
+          c.num_splits = n % 5 == 2 ? 0 : 1;  // 0: the launcher's split, here the split variant
+        }
+        check_case(c);
+      }
 }
 
 TEST(AttentionCuda, EmptyRowsAndEmptySequences) {

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -40,6 +41,8 @@ struct DecCase {
   bool sink_logits = false;
   float softcap = 0.0f;
   int splits = 0;  // 0: heuristic
+  int poison = -1;  // 0 / 1 / 2: two random elements of Q / K / V set to poison_value
+  float poison_value = 0.0f;
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -52,6 +55,7 @@ struct DecCase {
        << " page=" << page_size << " causal=" << causal << " window=(" << wl << "," << wr << ") sinks=" << sinks
        << " sink_logits=" << sink_logits << " softcap=" << softcap << " splits=" << splits << " page_run=" << page_run
        << " head_major=" << head_major;
+    if (poison >= 0) os << " poison " << "QKV"[poison] << " = " << poison_value;
     return os.str();
   }
 };
@@ -232,6 +236,13 @@ Problem make_problem(const DecCase& c) {
   for (auto& x : pr.vf) x = nd(rng);
   pr.sinks.resize(c.h);
   for (int h = 0; h < c.h; ++h) pr.sinks[h] = 0.5f * static_cast<float>(h % 5) - 0.5f;
+  std::mt19937_64 poison_rng(c.seed + 3000);
+  for (int k = 0; k < 2 && c.poison >= 0; ++k) {
+    if (c.poison == 0 && !pr.q.empty())
+      pr.q[poison_rng() % pr.q.size()] = c.dt == DType::kBF16 ? f32_to_bf16(c.poison_value) : f32_to_f16(c.poison_value);
+    std::vector<float>& kv = c.poison == 1 ? pr.kf : pr.vf;
+    if (c.poison > 0 && !kv.empty()) kv[poison_rng() % kv.size()] = c.poison_value;
+  }
   return pr;
 }
 
@@ -384,6 +395,33 @@ TEST(DecodeCuda, EightBitColumnsForm) {
         c.q_lens = {q, 1, 1}, c.kv_lens = {q + 6, 129, 1000};
         check_case(c);
       }
+}
+
+// Non-finite inputs propagate as attention.h states (the reference decides which outputs are NaN;
+// compare_outputs wants exactly those), through one split and several (the merge, whose max skips
+// a NaN LSE), contiguous and paged. Before, the epilogues read a NaN row sum as an empty row and
+// wrote 0. 8-bit K/V hold no NaN (the quantizers'), so there only Q is poisoned; V only where every
+// row sees every key of one sequence (a tile's masked keys multiply by 0, and 0 * NaN is NaN).
+TEST(DecodeCuda, NonFiniteInputsPropagate) {
+  const float kBad[] = {std::nanf(""), std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  uint64_t seed = 1700;
+  for (int d : {64, 128, 256})
+    for (DType kv : {DType::kBF16, DType::kI8, DType::kFp8E4M3})
+      for (int what = 0; what < 3; ++what)
+        for (float bad : kBad) {
+          if ((what == 2 && !std::isnan(bad)) || (kv != DType::kBF16 && what != 0)) continue;
+          DecCase c;
+          c.d = d, c.kv = kv, c.poison = what, c.poison_value = bad, c.seed = seed++;
+          c.page_size = kv == DType::kFp8E4M3 || seed % 2 ? 16 : 0;
+          c.splits = seed % 3 == 0 ? 1 : 0;
+          if (what == 2) {
+            c.causal = false, c.q_lens = {3}, c.kv_lens = {700};
+          } else {
+            c.q_lens = {1, 4, 1}, c.kv_lens = {129, 1000, 37};
+            c.sink_logits = seed % 4 == 0, c.softcap = seed % 5 == 1 ? 20.0f : 0.0f;
+          }
+          check_case(c);
+        }
 }
 
 TEST(DecodeCuda, SplitCountsAndEmptyRows) {

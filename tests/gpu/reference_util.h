@@ -85,7 +85,8 @@ inline void reference_over_stored_kv(const AttentionParams& hp, std::vector<floa
 }
 
 // Checks a GPU result (O as half bits of `dt`, LSE as float) against the reference: every element
-// within `tol`, the relative RMS error below `rel_rms`, LSE within kTolLse (-inf exactly).
+// within `tol`, the relative RMS error below `rel_rms`, LSE within kTolLse (-inf exactly). Where
+// the reference is NaN (non-finite inputs) the result must be NaN too, and only there.
 inline void compare_outputs(const std::vector<uint16_t>& o, const std::vector<float>& lse, const std::vector<float>& o_ref,
                             const std::vector<float>& lse_ref, DType dt, Tolerance tol, double rel_rms, int heads,
                             int d) {
@@ -94,8 +95,9 @@ inline void compare_outputs(const std::vector<uint16_t>& o, const std::vector<fl
   for (size_t i = 0; i < o_ref.size(); ++i) {
     const double x = half_to_float(o[i], dt), r = o_ref[i];
     const double e = std::fabs(x - r);
-    err2 += e * e, ref2 += r * r;
-    if (!(e <= tol.atol + tol.rtol * std::fabs(r))) {
+    const bool nan_ok = std::isnan(r) && std::isnan(x);
+    if (!nan_ok) err2 += e * e, ref2 += r * r;
+    if (!nan_ok && !(e <= tol.atol + tol.rtol * std::fabs(r))) {
       if (bad < 5)
         ADD_FAILURE() << "O[" << i << "] (row " << i / (size_t(heads) * d) << ", head " << (i / d) % heads << ", col "
                       << i % d << ") = " << x << ", ref " << r;
@@ -110,7 +112,9 @@ inline void compare_outputs(const std::vector<uint16_t>& o, const std::vector<fl
   int64_t bad_lse = 0;
   for (size_t i = 0; i < lse_ref.size(); ++i) {
     const float x = lse[i], r = lse_ref[i];
-    const bool ok = std::isinf(r) ? x == r : std::fabs(double(x) - r) <= kTolLse.atol + kTolLse.rtol * std::fabs(r);
+    const bool ok = std::isnan(r)   ? std::isnan(x)
+                    : std::isinf(r) ? x == r
+                                    : std::fabs(double(x) - r) <= kTolLse.atol + kTolLse.rtol * std::fabs(r);
     if (!ok) {
       if (bad_lse < 5) ADD_FAILURE() << "LSE[" << i << "] = " << x << ", ref " << r;
       ++bad_lse;

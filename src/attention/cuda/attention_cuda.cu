@@ -342,10 +342,11 @@ Status attention_cuda(const AttentionParams& p, void* stream, const CudaOptions&
 }
 
 Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, const CudaOptions& options,
-                                 KernelArch arch, int sm90_tile_rows) {
+                                 KernelArch arch, const Sm90Tuning& tuning) {
   if (options.impl == Impl::kReference) return fail("there is no reference kernel on CUDA");
-  if (sm90_tile_rows != 0 && sm90_tile_rows != 128 && sm90_tile_rows != 192)
-    return fail("sm90_tile_rows must be 0, 128 or 192");
+  if (tuning.tile_rows != 0 && tuning.tile_rows != 128 && tuning.tile_rows != 192)
+    return fail("sm90 tile rows must be 0, 128 or 192");
+  if (tuning.tail_pairs < -1) return fail("sm90 tail pairs must be -1 (automatic) or >= 0");
   ESCALA_RETURN_IF_ERROR(check_common(p));
   auto stream = static_cast<cudaStream_t>(stream_ptr);
 
@@ -472,7 +473,8 @@ Status cuda::attention_cuda_arch(const AttentionParams& p, void* stream_ptr, con
       k.part_o = reinterpret_cast<float*>(ws + 256);
       k.part_lse = k.part_o + parts * k.d_v;
     }
-    const cuda::Sm90Extents ext{max_q_len, max_kv_len, total_q, total_kv, p.num_kv_heads, sm90_tile_rows, sm_count()};
+    const cuda::Sm90Extents ext{max_q_len, max_kv_len, total_q, total_kv, p.num_kv_heads,
+                                tuning.tile_rows, tuning.tail_pairs, sm_count()};
     if (wq == 192 && wv == 128) e = cuda::run_fwd_sm90_hd192_128(k, bf16, ext, stream);
     else if (w == 64) e = cuda::run_fwd_sm90_hd64(k, bf16, ext, stream);
     else if (w == 128) e = cuda::run_fwd_sm90_hd128(k, bf16, ext, stream);

@@ -38,7 +38,8 @@ __global__ void merge_two_kernel(const T* oa, const float* la, const T* ob, cons
     wa = a == -INFINITY ? 0.0f : __expf(a - mx), wb = b == -INFINITY ? 0.0f : __expf(b - mx);
     l = wa + wb + (s == -INFINITY ? 0.0f : __expf(s - mx));
   }
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  if (a != a || b != b) l = __int_as_float(0x7fffffff);  // a NaN part (fmaxf skipped it): a NaN row
+  const float inv = l != 0.0f ? 1.0f / l : 0.0f;
   T* out = o + row * o_row_stride + h * o_head_stride;
   const int64_t src = w * d;
   using M = cuda::MmaType<T>;
@@ -55,7 +56,7 @@ __global__ void merge_two_kernel(const T* oa, const float* la, const T* ob, cons
     }
     *reinterpret_cast<uint32_t*>(out + c) = M::pack((wa * x0 + wb * y0) * inv, (wa * x1 + wb * y1) * inv);
   }
-  if (lane == 0 && lse) lse[w] = l > 0.0f ? mx + __logf(l) : -INFINITY;
+  if (lane == 0 && lse) lse[w] = l != 0.0f ? mx + __logf(l) : -INFINITY;
 }
 
 // cu_seqlens_q {0, total_q}, cu_seqlens_k {0, kv_len}, page_indptr {0, pages} of the prefix call.

@@ -8,9 +8,16 @@ namespace escala::attn::cuda {
 
 enum class KernelArch { kAuto, kSm80, kSm90 };
 
-// sm90_tile_rows: the sm_90 kernel's query rows per tile at head dims <= 64 (128 or 192; 0: its
-// cost model chooses).
+// Overrides of the sm_90 kernel's per-call choices, for tests and benchmarks.
+struct Sm90Tuning {
+  // Query rows per tile at head dims <= 64: 128 or 192 (0: the cost model chooses, tile_rows.h).
+  int tile_rows = 0;
+  // Sequence-head pairs whose partial last query tile is deferred to the end of the work order
+  // (FwdParams::sched_tail; -1: the launcher's choice, 0: none).
+  int tail_pairs = -1;
+};
+
 Status attention_cuda_arch(const AttentionParams& p, void* stream, const CudaOptions& options, KernelArch arch,
-                           int sm90_tile_rows = 0);
+                           const Sm90Tuning& tuning = {});
 
 }  // namespace escala::attn::cuda

@@ -67,6 +67,11 @@ struct FwdParams {
   // sm_90 dense kernel: the sinks (at most its kSinkKeys keys) are read as one narrow tile where
   // they lie below the window (the kernel's spare tensor maps then have kSinkKeys-row boxes).
   int32_t narrow_sinks = 0;  // (last: the other fields keep their offsets, and their kernels' code)
+  // sm_90 dense 192-row kernel, one pair per section (no mask that makes tiles differ in length):
+  // the last query tile of the last `sched_tail` pairs, partial and so the shortest item, comes
+  // after all other items instead of first in its pair; short items at the end even out the CTAs'
+  // finishing times. (Last, as narrow_sinks.)
+  int32_t sched_tail = 0;
 };
 
 }  // namespace escala::attn::cuda

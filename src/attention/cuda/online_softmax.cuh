@@ -151,10 +151,11 @@ __device__ __forceinline__ void pack_p(const float (&s)[kNT][4], uint32_t (&pf)[
 }
 
 // A finished row's log-sum-exp in natural-log units from its max in log2 units (m2) and its sum
-// (l): -inf for a row that saw no key.
+// (l): -inf for a row that saw no key (l == 0), NaN for a NaN sum. The epilogues test l != 0, not
+// l > 0, so that a row that saw a NaN score stays NaN instead of reading as empty.
 __device__ __forceinline__ float row_lse(float m2, float l) {
   constexpr float kLn2 = 0.6931471805599453f;
-  return l > 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
+  return l != 0.0f ? (m2 + __log2f(l)) * kLn2 : -INFINITY;
 }
 
 // Joins a learned sink logit (natural-log units; none when `sink` is null) into a finished row's
@@ -192,7 +193,7 @@ __device__ __forceinline__ float finish_row(const FwdParams& p, float row_max, f
   const float ofac = join_sink_logit(p.sink_logits ? p.sink_logits + h : nullptr, m2, l);
   if (p.lse != nullptr && t4 == 0 && rr < q_len)
     p.lse[static_cast<int64_t>(q0 + rr) * p.num_heads + h] = row_lse(m2, l);
-  return l > 0.0f ? ofac / l : 0.0f;
+  return l != 0.0f ? ofac / l : 0.0f;
 }
 
 // finish_row for both of a thread's rows (`rr` and `rr + 8`) at once: the two quad sums interleaved,
@@ -209,7 +210,7 @@ __device__ __forceinline__ void finish_rows(const FwdParams& p, const float (&ro
   for (int r = 0; r < 2; ++r) {
     m2[r] = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * p.scale_log2;  // log2 units
     ofac[r] = join_sink_logit(p.sink_logits ? p.sink_logits + h : nullptr, m2[r], l[r]);
-    inv[r] = l[r] > 0.0f ? __fdividef(ofac[r], l[r]) : 0.0f;
+    inv[r] = l[r] != 0.0f ? __fdividef(ofac[r], l[r]) : 0.0f;
   }
   if (p.lse != nullptr && t4 == 0)
 #pragma unroll
@@ -252,7 +253,7 @@ __device__ __forceinline__ void store_partial(const FwdParams& p, float (&o)[kDT
     const int rr = row + r * 8;
     if (rr < q_len) {
       const int64_t part = ((static_cast<int64_t>(b) * p.max_q_len + rr) * p.num_heads + h) * p.num_splits + split;
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float inv = l != 0.0f ? 1.0f / l : 0.0f;
       float* dst = p.part_o + part * p.d_v;
 #pragma unroll
       for (int j = 0; j < kDT; ++j) {

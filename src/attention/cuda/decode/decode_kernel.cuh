@@ -216,9 +216,14 @@ __device__ __forceinline__ void merge_split_row(const DecodeParams& p, int b, in
   const int64_t base = row * p.num_splits;  // == ((b * max_q_len + i) * heads + h) * splits
   const int n = p.num_splits;
   float mx = -INFINITY;
-  for (int s = lane; s < n; s += 32) mx = fmaxf(mx, __ldcg(p.part_lse + base + s));
+  bool nan_part = false;  // fmaxf skips NaN: a split that saw a NaN score makes the row NaN
+  for (int s = lane; s < n; s += 32) {
+    const float lse = __ldcg(p.part_lse + base + s);
+    mx = fmaxf(mx, lse), nan_part |= lse != lse;
+  }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  nan_part = __any_sync(0xffffffffu, nan_part);
   const float sink = p.sink_logits != nullptr ? p.sink_logits[h] : -INFINITY;
   mx = fmaxf(mx, sink);
   constexpr int kPer = D / 32;
@@ -274,14 +279,15 @@ __device__ __forceinline__ void merge_split_row(const DecodeParams& p, int b, in
     for (int off = 16; off > 0; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
     if (sink != -INFINITY) l += __expf(sink - mx);
   }
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  if (nan_part) l = __int_as_float(0x7fffffff);
+  const float inv = l != 0.0f ? 1.0f / l : 0.0f;
   const int q0 = p.cu_seqlens_q[b];
   T* orow = static_cast<T*>(p.o) + int64_t(q0 + i) * p.o_row_stride + h * p.o_head_stride + lane * kPer;
   using OM = MmaType<T>;
 #pragma unroll
   for (int e = 0; e < kPer; e += 2) *reinterpret_cast<uint32_t*>(orow + e) = OM::pack(acc[e] * inv, acc[e + 1] * inv);
   if (lane == 0 && p.lse != nullptr)
-    p.lse[int64_t(q0 + i) * p.num_heads + h] = l > 0.0f ? mx + __logf(l) : -INFINITY;
+    p.lse[int64_t(q0 + i) * p.num_heads + h] = l != 0.0f ? mx + __logf(l) : -INFINITY;
 }
 
 template <int D, class T, KvFormat F, int kRowsCta>
@@ -734,8 +740,9 @@ __global__ void __launch_bounds__(128)
     for (int w = 0; w < Cfg::kWarps; ++w) mx = fmaxf(mx, sm_max[w * 16 + threadIdx.x]);
     float l = 0.0f;
     for (int w = 0; w < Cfg::kWarps; ++w) {
-      const float mw = sm_max[w * 16 + threadIdx.x];
-      if (mw != -INFINITY) l += sm_sum[w * 16 + threadIdx.x] * fast_exp2((mw - mx) * p.scale_log2);
+      // A warp whose keys were all masked has sum 0, or NaN from a NaN score: add it as it is.
+      const float mw = sm_max[w * 16 + threadIdx.x], lw = sm_sum[w * 16 + threadIdx.x];
+      l += mw != -INFINITY ? lw * fast_exp2((mw - mx) * p.scale_log2) : lw;
     }
     row_m[threadIdx.x] = mx, row_l[threadIdx.x] = l;
   }
@@ -778,7 +785,7 @@ __global__ void __launch_bounds__(128)
     float m2 = row_m[row] == -INFINITY ? -INFINITY : row_m[row] * p.scale_log2;  // log2 units
     if (p.num_splits == 1) {
       const float ofac = join_sink_logit(p.sink_logits ? p.sink_logits + h : nullptr, m2, l);
-      const float inv = l > 0.0f ? ofac / l : 0.0f;
+      const float inv = l != 0.0f ? ofac / l : 0.0f;
       T* orow = static_cast<T*>(p.o) + int64_t(q0 + i) * p.o_row_stride + h * p.o_head_stride;
       using OM = MmaType<T>;
       *reinterpret_cast<uint32_t*>(orow + d) = OM::pack(a * inv, c * inv);
@@ -786,7 +793,7 @@ __global__ void __launch_bounds__(128)
         p.lse[int64_t(q0 + i) * p.num_heads + h] = row_lse(m2, l);
     } else {
       const int64_t part = ((int64_t(b) * p.max_q_len + i) * p.num_heads + h) * p.num_splits + split;
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float inv = l != 0.0f ? 1.0f / l : 0.0f;
       *reinterpret_cast<float2*>(p.part_o + part * D + d) = make_float2(a * inv, c * inv);
       if (d == 0) p.part_lse[part] = row_lse(m2, l);
     }

@@ -27,6 +27,7 @@
 #include "attention/cuda/sm90/ptx90.cuh"
 #include "attention/cuda/sm90/trace.cuh"
 #include "attention/cuda/sm90/wgmma_ops.cuh"
+#include "attention/cuda/sm90/work_order.h"
 #include "attention/cuda/tile_range.cuh"
 
 namespace escala::attn::cuda {
@@ -206,7 +207,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Work items. Item w lies in section w / (sec * M) of `sec` consecutive (sequence, head) pairs
   // (whose K/V fit in L2 together); inside a section the query tiles go from the last (the longest
   // under a causal mask) to the first, the pairs fastest, so that the dynamic scheduler hands out
-  // the longest items first and the short ones fill the gaps at the end.
+  // the longest items first and the short ones fill the gaps at the end. Without such a mask the
+  // last tile, where partial, is the shortest: the last pairs' ones go to the very end
+  // (FwdParams::sched_tail).
   // With split-KV, item w is split w % num_splits of tile w / num_splits.
   const int num_bh = p.batch * p.num_heads;
   const int splits = kSplitPaged ? p.num_splits : 1;
@@ -245,6 +248,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     it.hi = kSplitPaged ? static_cast<int>(static_cast<int64_t>(visited) * (it.split + 1) / splits) : visited;
     it.n_tiles = it.hi - it.lo;
     return true;
+  };
+  // The item the scheduler's claim c takes (work_order.h: the partial last tiles of the last
+  // sched_tail pairs at the end). Only the scheduler thread reorders; the slot carries the item's
+  // own index. In the dense 192-row kernel only (the one whose tiles the cost model makes partial
+  // at S = 1k): in the others this code re-scheduled the d = 128 key-tile loop (ptxas_report.py
+  // --loop-dir).
+  constexpr bool kTailOrder = Cfg::kConsumers == 3 && !kSplitPaged;
+  auto claim_order = [&](int c) {
+    if constexpr (!kTailOrder) return c;
+    return tail_claim_order(c, num_bh, p.num_m_blocks, p.sched_tail);
   };
   // The i-th tile an item visits: its share from the last tile down (the last one carries the
   // causal / sequence-end boundary, so the running max starts from real scores).
@@ -312,11 +325,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (tid == 32) {
       SM90_TRACE_DECL(tr, 3, true);
       Counter q_iter = 0, item_iter = 0, claims = 0;
-      int w = blockIdx.x;
+      int c = blockIdx.x;  // the claim
       for (;;) {
         Item it;
-        while (w < num_items && !decode(w, it)) w = atomicAdd(p.tile_counter, 1) + gridDim.x;
-        if (w >= num_items) break;
+        int w = 0;
+        while (c < num_items && !decode(w = claim_order(c), it)) c = atomicAdd(p.tile_counter, 1) + gridDim.x;
+        if (c >= num_items) break;
         SM90_TRACE(tr, 30);
         publish(item_iter, w, it);
         SM90_TRACE(tr, 31);
@@ -335,7 +349,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // the hand-over are done when the loader wants the next item's first tile.
         mbar_wait(claim_go, claims & 1);
         ++claims;
-        w = atomicAdd(p.tile_counter, 1) + gridDim.x;
+        c = atomicAdd(p.tile_counter, 1) + gridDim.x;
       }
       publish(item_iter, -1, Item{});
       // This CTA claims nothing more. The last one to get here finds every claim of the launch

@@ -82,7 +82,20 @@ cudaError_t launch_fwd_sm90_variant(FwdParams p, bool bf16, const Sm90Extents& e
   // shapes were 1-3% slower that way, and at 3 or 6 MB too).
   const bool uniform_items = !p.mask.causal && p.mask.window_left < 0 && p.mask.window_right < 0;
   const double kv_bytes = static_cast<double>(e.max_kv_len > 0 ? e.max_kv_len : 1) * (p.d_qk + p.d_v) * 2.0 / p.group;
-  p.sched_section = uniform_items ? 1 : static_cast<int32_t>(std::clamp<double>(24.0 * (1 << 20) / kv_bytes, 1.0, static_cast<double>(bh)));
+  const double l2_pairs = 24.0 * (1 << 20) / kv_bytes;  // pairs whose K/V take ~24 MB
+  p.sched_section = uniform_items ? 1 : static_cast<int32_t>(std::clamp<double>(l2_pairs, 1.0, static_cast<double>(bh)));
+  // Uniform items whose longest sequence ends in a partial query tile (the 192-row d = 64 kernel
+  // at S = 1k: 5 1/3 tiles): that tile is the shortest item of its pair (0.44 of a full one,
+  // cuda_notes step 135), and in pair order the run ends on full items, finishing unevenly over
+  // the CTAs. So the last pairs' partial tiles go to the end: as many as fit ~12 MB (their K/V
+  // are read again, from L2 if still there), at most one per SM. The dense 192-row kernel only
+  // (kTailOrder). H200, session 42, d64 S1k full (256 KB per pair), time against no tail: 16 / 32 /
+  // 48 / 64 / 96 / 132 pairs -0.1 / -0.4 / -0.7..-0.9 / -0.5 / -0.5 / -0.2%; S4k full -0.4%.
+  p.sched_tail = 0;
+  if (Cfg::kConsumers == 3 && !kSplitPaged && uniform_items && p.num_m_blocks >= 2 && e.max_q_len % Cfg::BM != 0) {
+    const int64_t automatic = std::min<int64_t>(e.sms, static_cast<int64_t>(std::max(1.0, l2_pairs / 2)));
+    p.sched_tail = static_cast<int32_t>(std::min<int64_t>(bh, e.tail_pairs >= 0 ? e.tail_pairs : automatic));
+  }
   // Persistent grid: one CTA per SM (the kernel takes all of an SM's registers); each CTA takes
   // its first item by its index and the next ones from the counter (zero here, and left zero).
   const int64_t ctas = std::min<int64_t>(items, e.sms);

@@ -19,6 +19,9 @@ struct Sm90Extents {
   int num_kv_heads = 0;
   // Head dims <= 64, dense inputs: query rows per tile, 128 or 192 (0: chosen by a cost model).
   int tile_rows = 0;
+  // Pairs whose partial last query tile goes to the end of the work order (-1: the launcher's
+  // choice; FwdParams::sched_tail).
+  int tail_pairs = -1;
   int sms = 1;  // the device's SM count: the persistent grid's size
 };
 
