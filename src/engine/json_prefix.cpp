@@ -1,5 +1,6 @@
 #include "engine/json_prefix.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace escala::engine {
@@ -17,6 +18,40 @@ int hex_value(uint8_t c) {
 const std::string kWords[] = {"true", "false", "null"};
 }  // namespace
 
+MagnitudeRange::MagnitudeRange(std::optional<int64_t> min, std::optional<int64_t> max, bool negative) {
+  // 0 - uint64_t(v) is |v| for v <= 0, INT64_MIN included.
+  if (negative) {
+    if (min && *min > 0) return;
+    lo = max && *max < 0 ? 0 - uint64_t(*max) : 0;
+    hi = min ? 0 - uint64_t(*min) : kNoBound;
+  } else {
+    if (max && *max < 0) return;
+    lo = min && *min > 0 ? uint64_t(*min) : 0;
+    hi = max ? uint64_t(*max) : kNoBound;
+  }
+}
+
+uint64_t MagnitudeRange::append(uint64_t prefix, int digit) {
+  return prefix > (kNoBound - uint64_t(digit)) / 10 ? kNoBound : prefix * 10 + uint64_t(digit);
+}
+
+// The magnitudes with k more digits than the prefix are [prefix·10^k, prefix·10^k + 10^k - 1]:
+// some k's must overlap [lo, hi]. They rise with k, so the search stops once they pass hi (at most
+// 20 steps: a finite hi is at most 2^63; with no hi, `last` reaches lo or saturates).
+bool MagnitudeRange::has_prefix(uint64_t prefix) const {
+  if (prefix == 0) return contains(0);
+  for (uint64_t first = prefix, last = prefix; first <= hi; first = append(first, 0), last = append(last, 9))
+    if (last >= lo) return true;
+  return false;
+}
+
+bool MagnitudeRange::extends(uint64_t prefix) const {
+  if (prefix == 0) return false;  // no leading zeros
+  for (int d = 0; d <= 9; ++d)
+    if (has_prefix(append(prefix, d))) return true;
+  return false;
+}
+
 JsonPrefix::JsonPrefix(const JsonSchema* schema) : schema_(schema ? schema : JsonSchema::any_object().get()) {
   node_ = schema_->root();
 }
@@ -32,6 +67,7 @@ JsonPrefix& JsonPrefix::operator=(const JsonPrefix& o) {
   ws_run_ = o.ws_run_;
   surrogate_ = o.surrogate_;
   code_ = o.code_;
+  length_ = o.length_, magnitude_ = o.magnitude_, negative_ = o.negative_;
   choice_kind_ = o.choice_kind_;
   choice_node_ = o.choice_node_, choice_pick_ = o.choice_pick_, choice_len_ = o.choice_len_;
   depth_ = o.depth_;
@@ -46,6 +82,7 @@ bool JsonPrefix::feed(std::string_view bytes) {
 }
 
 void JsonPrefix::end_value() {
+  length_ = 0, magnitude_ = 0, negative_ = false;
   state_ = depth_ == 0 ? State::kDone : State::kCommaOrEnd;
   if (depth_ > 0 && stack_[size_t(depth_ - 1)].kind == '[') ++stack_[size_t(depth_ - 1)].index;
 }
@@ -120,6 +157,46 @@ bool JsonPrefix::choice_byte(uint8_t c) {
   return true;
 }
 
+// Free object keys are not counted (a node's length bounds are for its string values).
+bool JsonPrefix::count_char() {
+  const JsonSchemaNode* n = node(node_);
+  if (in_key_ || !n) return true;
+  if (n->max_length >= 0 && length_ >= n->max_length) return false;
+  length_ = std::min(length_ + 1, n->max_length >= 0 ? n->max_length : n->min_length);
+  return true;
+}
+
+bool JsonPrefix::may_close_string() const {
+  const JsonSchemaNode* n = node(node_);
+  return in_key_ || !n || length_ >= n->min_length;
+}
+
+MagnitudeRange JsonPrefix::integer_range() const {
+  const JsonSchemaNode* n = node(node_);
+  return n ? MagnitudeRange(n->minimum, n->maximum, negative_) : MagnitudeRange({}, {}, negative_);
+}
+
+// Refused unless some integer within the bounds begins with the digits so far (magnitude_ 0: none
+// yet, since nothing follows a leading 0).
+bool JsonPrefix::integer_digit(uint8_t c) {
+  state_ = State::kInt;
+  if (magnitude_ == kAnyDigits) return true;
+  const MagnitudeRange r = integer_range();
+  const uint64_t m = MagnitudeRange::append(magnitude_, c - '0');
+  if (!r.has_prefix(m)) return false;
+  if (!r.extends(m)) {
+    end_value();  // e.g. "0", or "5" under maximum 5: the next byte is the container's
+  } else if (r.contains(m) && r.hi == MagnitudeRange::kNoBound) {
+    magnitude_ = kAnyDigits;  // every continuation is within the bounds
+    negative_ = false;
+  } else {
+    magnitude_ = m;
+  }
+  return true;
+}
+
+bool JsonPrefix::integer_may_end() const { return magnitude_ == kAnyDigits || integer_range().contains(magnitude_); }
+
 bool JsonPrefix::begin_value(uint8_t c) {
   const JsonSchemaNode* n = node(node_);
   if (n && !n->any_of.empty()) {
@@ -159,6 +236,7 @@ bool JsonPrefix::begin_value(uint8_t c) {
       if (!(types & kJsonString)) return false;
       state_ = State::kString;
       in_key_ = false;
+      length_ = 0;
       return true;
     case 't':
     case 'f':
@@ -172,6 +250,13 @@ bool JsonPrefix::begin_value(uint8_t c) {
     default:
       if (!(types & (kJsonInteger | kJsonNumber)) || !(c == '-' || is_digit(c))) return false;
       integer_ = !(types & kJsonNumber);
+      negative_ = integer_ && c == '-';  // only integers' signs matter (their bounds)
+      magnitude_ = 0;
+      if (integer_) {
+        if (c != '-') return integer_digit(c);
+        state_ = State::kMinus;
+        return !integer_range().empty();
+      }
       state_ = c == '-' ? State::kMinus : c == '0' ? State::kZero : State::kInt;
       return true;
   }
@@ -253,6 +338,7 @@ bool JsonPrefix::feed(uint8_t c) {
         return true;
       }
       if (c == '"') {
+        if (!may_close_string()) return false;
         if (in_key_) {  // a free key: any value follows
           in_key_ = false;
           node_ = -1;
@@ -262,12 +348,14 @@ bool JsonPrefix::feed(uint8_t c) {
         }
         return true;
       }
+      // A character counts at its first byte: an escape's '\\' (a surrogate pair's second half is
+      // not counted: above), a UTF-8 lead byte.
       if (c == '\\') {
         state_ = State::kEscape;
-        return true;
+        return count_char();
       }
       if (c < 0x20) return false;
-      if (c < 0x80) return true;
+      if (c < 0x80) return count_char();
       // A UTF-8 lead byte and the range of the byte after it (no overlongs, surrogates, > U+10FFFF).
       if (c >= 0xC2 && c <= 0xDF) utf8_left_ = 1;
       else if (c == 0xE0) utf8_left_ = 2, utf8_lo_ = 0xA0;
@@ -277,7 +365,7 @@ bool JsonPrefix::feed(uint8_t c) {
       else if (c >= 0xF1 && c <= 0xF3) utf8_left_ = 3;
       else if (c == 0xF4) utf8_left_ = 3, utf8_hi_ = 0x8F;
       else return false;
-      return true;
+      return count_char();
     case State::kEscape:
       if (c == 'u') {
         state_ = State::kUnicode;
@@ -310,19 +398,25 @@ bool JsonPrefix::feed(uint8_t c) {
       return true;
     }
     case State::kMinus:
+      if (integer_) return is_digit(c) && integer_digit(c);
       if (c == '0') state_ = State::kZero;
       else if (c >= '1' && c <= '9') state_ = State::kInt;
       else return false;
       return true;
     case State::kInt:
-      if (is_digit(c)) return true;
+      if (is_digit(c)) return !integer_ || integer_digit(c);
+      if (integer_) {  // the number ends before this byte, if within its bounds
+        if (!integer_may_end()) return false;
+        end_value();
+        return structural(c);
+      }
       [[fallthrough]];
-    case State::kZero:
-      if (!integer_ && c == '.') {
+    case State::kZero:  // never an integer's: its "0" ends at once (integer_digit)
+      if (c == '.') {
         state_ = State::kDot;
         return true;
       }
-      if (!integer_ && (c == 'e' || c == 'E')) {
+      if (c == 'e' || c == 'E') {
         state_ = State::kExp;
         return true;
       }
@@ -367,6 +461,9 @@ std::string JsonPrefix::key() const {
                     uint8_t(surrogate_), uint8_t(choice_kind_)})
     k.push_back(char(b));
   for (int32_t v : {node_, int32_t(code_), choice_node_, choice_pick_, choice_len_, depth_}) put(v);
+  put(length_);
+  put(magnitude_);
+  k.push_back(char(negative_));
   for (int32_t i = 0; i < depth_; ++i) {
     put(stack_[size_t(i)].node);
     put(stack_[size_t(i)].index);

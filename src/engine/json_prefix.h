@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -17,6 +18,26 @@
 #include "escala/tokenizer.h"
 
 namespace escala::engine {
+
+// Integer bounds seen digit by digit: the integers of one sign within [lo, hi] (nullopt: no bound
+// on that side, integers beyond 64 bits included) as a range of magnitudes (absolute values; 0 is
+// in both signs' ranges, as "-0" is 0). kNoBound: no upper bound on the magnitude. The arithmetic
+// saturates at kNoBound, which is beyond every int64's magnitude (at most 2^63), so it never wraps.
+struct MagnitudeRange {
+  static constexpr uint64_t kNoBound = UINT64_MAX;
+  uint64_t lo = 1, hi = 0;  // lo > hi: no integer of this sign
+
+  MagnitudeRange(std::optional<int64_t> min, std::optional<int64_t> max, bool negative);
+  bool empty() const { return lo > hi; }
+  bool contains(uint64_t m) const { return lo <= m && m <= hi; }
+  // Some magnitude in the range has decimal digits that begin with those of `prefix` (the prefix
+  // 0 is the digits "0", which JSON lets no digit follow).
+  bool has_prefix(uint64_t prefix) const;
+  // Some magnitude in the range begins with prefix's digits and at least one more.
+  bool extends(uint64_t prefix) const;
+  // prefix·10 + digit, saturated at kNoBound.
+  static uint64_t append(uint64_t prefix, int digit);
+};
 
 class JsonPrefix {
  public:
@@ -76,6 +97,11 @@ class JsonPrefix {
   bool begin_value(uint8_t c);
   void end_value();  // a value just ended: comma/end inside a container, done at the top
   bool choice_byte(uint8_t c);
+  bool count_char();               // one more character of a string value
+  bool may_close_string() const;   // '"' now
+  bool integer_digit(uint8_t c);   // a digit of an integer-only number
+  bool integer_may_end() const;    // the byte after such a number
+  MagnitudeRange integer_range() const;
   // The fixed texts of the current choice, and of a keyed object's next keys.
   int32_t choice_count() const;
   const std::string& choice_text(int32_t i) const;
@@ -93,6 +119,16 @@ class JsonPrefix {
   uint8_t ws_run_ = 0;
   Surrogate surrogate_ = Surrogate::kNone;
   uint16_t code_ = 0;              // kUnicode: the hex digits so far
+  // The value being read, for its node's bounds (reset when it ends, so that states after it share
+  // keys). The counts are normalised so that states with the same future share a key (and so a
+  // cached mask): a string's characters saturate at maxLength, or without one at minLength (beyond
+  // it the count changes nothing; no bounds: always 0); an integer's digits (magnitude_, with
+  // negative_ its sign) become kAnyDigits once every continuation is within the bounds (no bounds:
+  // after the first digit), and a number that no digit may extend ends at once, as a literal does.
+  static constexpr uint64_t kAnyDigits = MagnitudeRange::kNoBound;
+  int64_t length_ = 0;             // string: characters so far (saturated)
+  uint64_t magnitude_ = 0;         // integer: the digits so far as a number, or kAnyDigits
+  bool negative_ = false;          // integer: after '-'
   // kChoice: the texts are a literal node's (choice_node_'s literals) or the next keys of the top
   // frame's keyed object; the bytes so far equal the first choice_len_ of text choice_pick_.
   ChoiceKind choice_kind_ = ChoiceKind::kLiteral;

@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bitset>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -110,9 +112,10 @@ class JsonSchemaCompiler {
   }
 
   Status fill(int32_t idx, const ojson& s, const std::string& path) {
-    static const std::set<std::string> kKnown = {"type",     "properties", "required", "additionalProperties",
-                                                 "items",    "minItems",   "maxItems", "enum",
-                                                 "const",    "anyOf",      "oneOf"};
+    static const std::set<std::string> kKnown = {"type", "properties", "required", "additionalProperties", "items",
+                                                 "minItems", "maxItems", "minLength", "maxLength", "minimum",
+                                                 "exclusiveMinimum", "maximum", "exclusiveMaximum", "enum", "const",
+                                                 "anyOf", "oneOf"};
     for (const auto& [k, v] : s.items())
       if (!kKnown.count(k) && !annotation(k)) return error(path, fmt::format("'{}' is not supported", k));
     JsonSchemaNode n;
@@ -210,8 +213,74 @@ class JsonSchemaCompiler {
       n.max_items = *c;
     }
     if (n.max_items >= 0 && n.min_items > n.max_items) return error(path, "minItems is above maxItems");
+    ESCALA_RETURN_IF_ERROR(fill_lengths(n, s, path));
+    ESCALA_RETURN_IF_ERROR(fill_integer_bounds(n, s, path));
     if (n.types == 0) return error(path, "no type is allowed");
     nodes()[size_t(idx)] = std::move(n);
+    return {};
+  }
+
+  // Length and integer bounds constrain the node's own strings and integers: an enum, const or
+  // anyOf takes its values elsewhere, where they would not be enforced.
+  static Status check_own_values(const JsonSchemaNode& n, const std::string& keyword, const std::string& path) {
+    if (n.literals.empty() && n.any_of.empty()) return {};
+    return error(path, fmt::format("'{}' next to 'enum', 'const', 'anyOf' or 'oneOf' is not supported", keyword));
+  }
+
+  // minLength / maxLength: counted in characters by the recogniser.
+  static Status fill_lengths(JsonSchemaNode& n, const ojson& s, const std::string& path) {
+    for (const char* key : {"minLength", "maxLength"}) {
+      auto it = s.find(key);
+      if (it == s.end()) continue;
+      ESCALA_RETURN_IF_ERROR(check_own_values(n, key, path));
+      auto c = count(*it, path + "." + key);
+      if (!c.ok()) return c.status();
+      (std::string(key) == "minLength" ? n.min_length : n.max_length) = *c;
+    }
+    if (n.max_length >= 0 && n.min_length > n.max_length) return error(path, "minLength is above maxLength");
+    return {};
+  }
+
+  // A numeric bound as an inclusive int64 bound on integers: a fraction rounds inwards (minimum 2.5
+  // -> 3, maximum 2.5 -> 2) and an exclusive bound moves one past (exclusiveMinimum 3 -> 3 + 1).
+  static Result<int64_t> integer_bound(const ojson& v, bool lower, bool exclusive, const std::string& path) {
+    if (!v.is_number()) return error(path, "must be a number");
+    const Status outside = error(path, "is outside the 64-bit integer range");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) return outside;
+    if (v.is_number_integer()) {
+      const int64_t b = v.get<int64_t>();
+      if (!exclusive) return b;
+      if (b == (lower ? INT64_MAX : INT64_MIN)) return outside;
+      return lower ? b + 1 : b - 1;
+    }
+    const double x = v.get<double>();
+    const double b = lower ? (exclusive ? std::floor(x) + 1 : std::ceil(x))
+                           : (exclusive ? std::ceil(x) - 1 : std::floor(x));
+    if (!(b >= -0x1p63 && b < 0x1p63)) return outside;  // the doubles that convert exactly
+    return int64_t(b);
+  }
+
+  // minimum / maximum / exclusiveMinimum / exclusiveMaximum: the recogniser checks integers digit
+  // by digit; numbers with fractions or exponents it cannot bound, so those nodes are refused.
+  static Status fill_integer_bounds(JsonSchemaNode& n, const ojson& s, const std::string& path) {
+    struct Keyword {
+      const char* name;
+      bool lower, exclusive;
+    };
+    for (const Keyword k : {Keyword{"minimum", true, false}, Keyword{"exclusiveMinimum", true, true},
+                            Keyword{"maximum", false, false}, Keyword{"exclusiveMaximum", false, true}}) {
+      auto it = s.find(k.name);
+      if (it == s.end()) continue;
+      ESCALA_RETURN_IF_ERROR(check_own_values(n, k.name, path));
+      if (n.types & kJsonNumber)
+        return error(path,
+                     fmt::format("'{}' is supported on integers only (\"type\": \"integer\", not \"number\")", k.name));
+      auto b = integer_bound(*it, k.lower, k.exclusive, path + "." + k.name);
+      if (!b.ok()) return b.status();
+      std::optional<int64_t>& bound = k.lower ? n.minimum : n.maximum;
+      bound = !bound ? *b : k.lower ? std::max(*bound, *b) : std::min(*bound, *b);  // both apply
+    }
+    if (n.minimum && n.maximum && *n.minimum > *n.maximum) return error(path, "no integer is within the bounds");
     return {};
   }
 

@@ -2,16 +2,20 @@
 // nodes that JsonPrefix follows. The supported subset is what structured-output APIs use:
 //   type (one or a list), properties + required (keys in the declared order, optional ones may be
 //   left out, no other keys: additionalProperties must be absent or false), items, minItems,
-//   maxItems, enum, const, anyOf / oneOf whose branches begin with different bytes, $ref to
-//   #/$defs/... or #/definitions/... (recursion allowed); annotations (title, description,
-//   default, examples, $schema, $id, format, strict) are ignored. Any other keyword is refused
-//   with its path, rather than silently not enforced.
+//   maxItems, minLength / maxLength (strings, in Unicode code points), minimum / maximum /
+//   exclusiveMinimum / exclusiveMaximum (on integers only: type "integer" without "number"), enum,
+//   const, anyOf / oneOf whose branches begin with different bytes, $ref to #/$defs/... or
+//   #/definitions/... (recursion allowed); annotations (title, description, default, examples,
+//   $schema, $id, format, strict) are ignored. Any other keyword is refused with its path, rather
+//   than silently not enforced; so are the length and integer bounds next to enum, const, anyOf or
+//   oneOf (whose values do not follow them).
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +48,12 @@ struct JsonSchemaNode {
   // Array: the items' node (-1: any value) and the count bounds (max -1: none).
   int32_t items = -1;
   int64_t min_items = 0, max_items = -1;
+  // String: the length bounds in characters (Unicode code points: an escape or a surrogate pair
+  // is one); max -1: none.
+  int64_t min_length = 0, max_length = -1;
+  // Integer (on nodes that allow no other numbers): the inclusive bounds; absent: none (then
+  // integers beyond 64 bits are allowed on that side).
+  std::optional<int64_t> minimum, maximum;
   // enum / const: the value is one of these texts (compact JSON). Empty: no such constraint.
   std::vector<std::string> literals;
   // anyOf / oneOf: the branch is chosen by the value's first byte (compiled to be unambiguous).
@@ -52,7 +62,7 @@ struct JsonSchemaNode {
 
 class JsonSchema {
  public:
-  // Compiles a schema; errors name the offending path, e.g. "schema.properties.age: 'minimum' is
+  // Compiles a schema; errors name the offending path, e.g. "schema.properties.age: 'pattern' is
   // not supported".
   // (ordered_json: the properties keep the order they are written in.)
   static Result<std::shared_ptr<const JsonSchema>> compile(const nlohmann::ordered_json& schema);

@@ -47,8 +47,29 @@ def test_chat_json_schema(client, model_id, seed):
     assert len(p.get("hobbies", [])) <= 3 and all(isinstance(h, str) for h in p.get("hobbies", []))
 
 
+BOUNDED = {"type": "object", "properties": {"name": {"type": "string", "minLength": 2, "maxLength": 6},
+                                            "age": {"type": "integer", "minimum": 18, "exclusiveMaximum": 100},
+                                            "offset": {"type": "integer", "minimum": -5, "maximum": 5}},
+           "required": ["name", "age", "offset"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_chat_json_schema_lengths_and_bounds(client, model_id, seed):
+    r = client.chat.completions.create(
+        model=model_id, messages=ASK, max_tokens=200, temperature=0.8, seed=seed,
+        response_format={"type": "json_schema", "json_schema": {"name": "bounded", "schema": BOUNDED}})
+    c = r.choices[0]
+    assert c.finish_reason == "stop"
+    p = json.loads(c.message.content)
+    assert list(p) == ["name", "age", "offset"]
+    assert 2 <= len(p["name"]) <= 6  # code points, as Python counts
+    assert isinstance(p["age"], int) and 18 <= p["age"] < 100
+    assert isinstance(p["offset"], int) and -5 <= p["offset"] <= 5
+
+
 @pytest.mark.parametrize("schema,message", [
-    ({"type": "integer", "minimum": 0}, "'minimum' is not supported"),
+    ({"type": "number", "minimum": 0}, "'minimum' is supported on integers only"),
+    ({"type": "string", "pattern": "^a"}, "'pattern' is not supported"),
     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/X"}}}, "is not defined"),
 ])
 def test_unsupported_schemas_are_refused(client, model_id, schema, message):

@@ -111,6 +111,9 @@ const std::vector<std::string> kBodies = {
                         R"( "json_schema": {"name": "p", "schema": {"type": "object", "properties": {"a": {"enum": [1, "b"]},)"
                         R"( "c": {"anyOf": [{"$ref": "#/$defs/D"}, {"type": "null"}]}}, "required": ["a"],)"
                         R"( "$defs": {"D": {"type": "array", "items": {"type": "integer"}, "maxItems": 2}}}}}})"),
+    "\1" + std::string(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema",)"
+                        R"( "json_schema": {"schema": {"type": "object", "properties": {"s": {"type": "string", "minLength": 1,)"
+                        R"( "maxLength": 8}, "n": {"type": "integer", "exclusiveMinimum": -1, "maximum": 99.5}}}}}})"),
     "\1" + std::string(R"({"messages": [{"role": "user", "content": "<|im_start|>"}], "logit_bias": {"1": 2}})"),
     "\1" + std::string(R"([[[[{"messages": null}]]]])"),
     "\1" + std::string(R"({"messages": [{"role": "user", "content": "Hi"}], "logprobs": true, "top_logprobs": 5,)"
@@ -124,7 +127,10 @@ const std::vector<std::string> kBodies = {
 const std::vector<std::string> kJson = {
     "{}", R"({"a": [1, -2.5e+3, 0, true, false, null, "x\n\u00e9\uD83D\uDE00"], "b": {"c": {}}})",
     "{\n  \"name\": \"John\",\n  \"age\": 45\n}", "{\"caf\xC3\xA9\": \"\xF0\x9F\x98\x80\"}",
-    "[1, 2]", "{\"a\":01}", "{\"a\":\"\\uDC00\"}", "{} {}"};
+    "[1, 2]", "{\"a\":01}", "{\"a\":\"\\uDC00\"}", "{} {}",
+    // For the schemas with string lengths and integer bounds (json_fuzz.cpp).
+    R"(["ab", -20, 300, "\ud83d\ude00\n", {"s": "xy", "n": -9223372036854775807}])",
+    R"({"a": "", "b": 10, "c": -10, "d": "\u00e9\ud83d\ude00"})"};
 
 }  // namespace
 

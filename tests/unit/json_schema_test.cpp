@@ -6,6 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -64,7 +67,7 @@ TEST(JsonSchema, FollowsAPersonSchema) {
 
 TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   const std::pair<const char*, const char*> cases[] = {
-      {R"({"type":"integer","minimum":3})", "schema: 'minimum' is not supported"},
+      {R"({"type":"integer","multipleOf":3})", "schema: 'multipleOf' is not supported"},
       {R"({"type":"object","properties":{"a":{"type":"string","pattern":"x"}}})", "schema.properties.a: 'pattern'"},
       {R"({"$ref":"#/$defs/Nope"})", "is not defined"},
       {R"({"$ref":"http://x/y"})", "only references to"},
@@ -104,52 +107,80 @@ TEST(JsonSchema, EnumValuesThatPrefixEachOther) {
     EXPECT_FALSE(accepts(*s, bad)) << bad;
 }
 
-// ---- the property test ----
-
-// An independent validator: the instance (parsed) against the compiled node, as a tree.
-bool valid(const JsonSchema& s, int32_t i, const ojson& v) {
-  if (i < 0) return true;
-  const JsonSchemaNode& n = s.node(i);
-  if (!n.literals.empty()) {
-    for (const auto& l : n.literals)
-      if (v.dump() == l) return true;
-    return false;
-  }
-  if (!n.any_of.empty()) {
-    for (int32_t b : n.any_of)
-      if (valid(s, b, v)) return true;
-    return false;
-  }
-  if (v.is_object()) {
-    if (!(n.types & kJsonObject)) return false;
-    if (!n.keyed) return true;
-    size_t at = 0;
-    for (const auto& [k, x] : v.items()) {
-      const std::string key = ojson(k).dump();
-      while (at < n.properties.size() && n.properties[at].key != key) {
-        if (n.properties[at].required) return false;  // a required key skipped
-        ++at;
-      }
-      if (at == n.properties.size() || !valid(s, n.properties[at].node, x)) return false;
-      ++at;
-    }
-    for (; at < n.properties.size(); ++at)
-      if (n.properties[at].required) return false;
-    return true;
-  }
-  if (v.is_array()) {
-    if (!(n.types & kJsonArray) || int64_t(v.size()) < n.min_items || (n.max_items >= 0 && int64_t(v.size()) > n.max_items))
-      return false;
-    for (const auto& x : v)
-      if (!valid(s, n.items, x)) return false;
-    return true;
-  }
-  if (v.is_string()) return n.types & kJsonString;
-  if (v.is_boolean()) return n.types & kJsonBoolean;
-  if (v.is_null()) return n.types & kJsonNull;
-  if (v.is_number_integer()) return n.types & (kJsonInteger | kJsonNumber);
-  return n.types & kJsonNumber;  // a float
+// Each keyword's value as the compiled node holds it: lengths as given, integer bounds inclusive.
+TEST(JsonSchema, CompilesLengthAndIntegerBounds) {
+  auto node = [](const std::string& text) { return must_compile(text)->node(0); };
+  using Bounds = std::pair<std::optional<int64_t>, std::optional<int64_t>>;
+  auto bounds = [&](const std::string& text) {
+    const JsonSchemaNode n = node(text);
+    return Bounds{n.minimum, n.maximum};
+  };
+  const JsonSchemaNode str = node(R"({"type":"string","minLength":2,"maxLength":5})");
+  EXPECT_EQ(str.min_length, 2);
+  EXPECT_EQ(str.max_length, 5);
+  EXPECT_EQ(node(R"({"type":"string"})").max_length, -1);
+  EXPECT_EQ(node(R"({"type":"string","maxLength":0})").max_length, 0);
+  EXPECT_EQ(node(R"({"minLength":1})").min_length, 1);  // no type: any value, strings of 1 or more
+  const std::pair<const char*, Bounds> cases[] = {
+      {R"({"type":"integer"})", {std::nullopt, std::nullopt}},
+      {R"({"type":"integer","minimum":-3,"maximum":7})", {-3, 7}},
+      {R"({"type":"integer","exclusiveMinimum":3,"exclusiveMaximum":7})", {4, 6}},
+      {R"({"type":"integer","minimum":2.5,"maximum":6.5})", {3, 6}},
+      {R"({"type":"integer","exclusiveMinimum":2.5,"exclusiveMaximum":6.5})", {3, 6}},
+      {R"({"type":"integer","minimum":-2.5,"maximum":-0.5})", {-2, -1}},
+      {R"({"type":"integer","exclusiveMinimum":-2.5,"exclusiveMaximum":-0.5})", {-2, -1}},
+      {R"({"type":"integer","exclusiveMinimum":3.0,"maximum":4.0})", {4, 4}},
+      {R"({"type":"integer","minimum":5,"exclusiveMinimum":5,"maximum":9,"exclusiveMaximum":8})", {6, 7}},
+      {R"({"type":"integer","minimum":5,"exclusiveMinimum":1})", {5, std::nullopt}},
+      {R"({"type":"integer","maximum":-9223372036854775808})", {std::nullopt, INT64_MIN}},
+      {R"({"type":"integer","minimum":-9223372036854775808,"maximum":9223372036854775807})", {INT64_MIN, INT64_MAX}},
+      {R"({"type":"integer","exclusiveMinimum":-9223372036854775808,"exclusiveMaximum":9223372036854775807})",
+       {INT64_MIN + 1, INT64_MAX - 1}},
+      {R"({"type":"integer","minimum":-9.2e18})", {-9200000000000000000, std::nullopt}},
+      {R"({"type":["integer","null"],"minimum":0})", {0, std::nullopt}},
+      {R"({"type":"string","maximum":3})", {std::nullopt, 3}},  // no numbers at all: nothing to bound
+  };
+  for (const auto& [schema, want] : cases) EXPECT_EQ(bounds(schema), want) << schema;
 }
+
+TEST(JsonSchema, RefusesBadLengthAndIntegerBounds) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"type":"object","properties":{"a":{"type":"string","minLength":-1}}})",
+       "schema.properties.a.minLength: must be a non-negative integer"},
+      {R"({"type":"string","maxLength":1.5})", "schema.maxLength: must be a non-negative integer"},
+      {R"({"type":"string","maxLength":"3"})", "schema.maxLength: must be a non-negative integer"},
+      {R"({"type":"string","minLength":3,"maxLength":2})", "schema: minLength is above maxLength"},
+      {R"({"enum":["a","bb"],"maxLength":1})", "schema: 'maxLength' next to 'enum', 'const', 'anyOf' or 'oneOf'"},
+      {R"({"const":"abc","minLength":1})", "'minLength' next to 'enum'"},
+      {R"({"anyOf":[{"type":"string"},{"type":"null"}],"minLength":1})", "'minLength' next to 'enum'"},
+      {R"({"enum":[1,2],"minimum":2})", "'minimum' next to 'enum'"},
+      {R"({"oneOf":[{"type":"integer"},{"type":"null"}],"maximum":2})", "'maximum' next to 'enum'"},
+      {R"({"type":"object","properties":{"x":{"type":"number","minimum":0}}})",
+       "schema.properties.x: 'minimum' is supported on integers only"},
+      {R"({"type":["integer","number"],"exclusiveMaximum":3})", "'exclusiveMaximum' is supported on integers only"},
+      {R"({"maximum":3})", "'maximum' is supported on integers only"},  // no type: any number
+      {R"({"type":"integer","minimum":"3"})", "schema.minimum: must be a number"},
+      {R"({"type":"integer","minimum":0,"exclusiveMinimum":true})", "schema.exclusiveMinimum: must be a number"},
+      {R"({"type":"integer","maximum":9223372036854775808})", "schema.maximum: is outside the 64-bit integer range"},
+      {R"({"type":"integer","minimum":1e19})", "schema.minimum: is outside the 64-bit integer range"},
+      {R"({"type":"integer","minimum":-1e19})", "schema.minimum: is outside the 64-bit integer range"},
+      {R"({"type":"integer","maximum":9223372036854775807.0})", "schema.maximum: is outside the 64-bit integer range"},
+      {R"({"type":"integer","exclusiveMinimum":9223372036854775807})",
+       "schema.exclusiveMinimum: is outside the 64-bit integer range"},
+      {R"({"type":"integer","exclusiveMaximum":-9223372036854775808})",
+       "schema.exclusiveMaximum: is outside the 64-bit integer range"},
+      {R"({"type":"integer","minimum":5,"maximum":4})", "schema: no integer is within the bounds"},
+      {R"({"type":"integer","exclusiveMinimum":4,"exclusiveMaximum":5})", "no integer is within the bounds"},
+      {R"({"type":"integer","minimum":2.1,"maximum":2.9})", "no integer is within the bounds"},
+  };
+  for (const auto& [schema, message] : cases) {
+    auto s = JsonSchema::compile(ojson::parse(schema));
+    ASSERT_FALSE(s.ok()) << schema;
+    EXPECT_NE(s.message().find(message), std::string::npos) << schema << " -> " << s.message();
+  }
+}
+
+// ---- the property test ----
 
 struct SchemaMaker {
   std::mt19937& rng;
@@ -159,10 +190,46 @@ struct SchemaMaker {
     static const char* kTypes[] = {"string", "integer", "number", "boolean", "null"};
     return kTypes[pick(5)];
   }
+  // Often, the bounds its type takes: lengths on strings, bounds on integers.
+  ojson with_bounds(ojson s) {
+    const ojson t = s["type"];  // a copy: adding keywords moves s's members
+    const auto is = [&](const char* name) { return t == name || (t.is_array() && t[0] == name); };
+    if (is("string") && pick(3)) add_lengths(s);
+    if (is("integer") && pick(3)) add_integer_bounds(s);
+    return s;
+  }
+  void add_lengths(ojson& s) {
+    const int min = pick(2) ? 0 : pick(4);
+    if (min > 0) s["minLength"] = min;
+    if (pick(3)) s["maxLength"] = min + pick(3);
+  }
+  // Ranges straddling 0, negative or positive, single values, at the int64 extremes; either side
+  // may be left out.
+  void add_integer_bounds(ojson& s) {
+    static const int64_t kEdges[] = {INT64_MIN, INT64_MIN + 1, -1000, -20, -10, -1, 0,
+                                     1,         5,             10,    99,  100, 1000, INT64_MAX - 1, INT64_MAX};
+    auto edge = [&] { return pick(4) ? kEdges[pick(int(std::size(kEdges)))] : int64_t(pick(20000)) - 10000; };
+    int64_t lo = edge(), hi = edge();
+    if (lo > hi) std::swap(lo, hi);
+    if (pick(4)) write_bound(s, lo, true);
+    if (pick(4)) write_bound(s, hi, false);
+  }
+  // The inclusive bound b, written as minimum / maximum, as an exclusive bound one past, or as a
+  // fraction half-way to the next integer outside.
+  void write_bound(ojson& s, int64_t b, bool lower) {
+    const int form = pick(3);
+    if (form == 1 && b != (lower ? INT64_MIN : INT64_MAX)) {
+      s[lower ? "exclusiveMinimum" : "exclusiveMaximum"] = lower ? b - 1 : b + 1;
+    } else if (form == 2 && b > -1000000 && b < 1000000) {
+      s[lower ? "minimum" : "maximum"] = double(b) + (lower ? -0.5 : 0.5);
+    } else {
+      s[lower ? "minimum" : "maximum"] = b;
+    }
+  }
   ojson make(int depth) {
     switch (depth > 0 ? pick(7) : pick(4)) {
-      case 0: return ojson{{"type", scalar_type()}};
-      case 1: return ojson{{"type", ojson::array({scalar_type(), "null"})}};
+      case 0: return with_bounds(ojson{{"type", scalar_type()}});
+      case 1: return with_bounds(ojson{{"type", ojson::array({scalar_type(), "null"})}});
       case 2: return ojson{{"enum", ojson::array({1, 10, "x", "x\u00e9", 2.5, nullptr, true})}};
       case 3: return ojson{{"const", pick(2) ? ojson("c") : ojson(100)}};
       case 4: {
@@ -190,6 +257,34 @@ struct SchemaMaker {
     return o;
   }
 };
+
+// A random string within the node's length bounds (often at one of them), of characters of 1 to 4
+// UTF-8 bytes, some of which dump escapes.
+std::string random_string(const JsonSchemaNode& n, std::mt19937& rng) {
+  static const char* kChars[] = {"a", "\"", "\\", "\n", "\x01", "/", " ", "\xC3\xA9", "\xE6\x9D\xB1",
+                                 "\xF0\x9F\x98\x80"};
+  const int64_t spread = n.max_length >= 0 ? n.max_length - n.min_length + 1 : 4;
+  const int64_t length = rng() % 2 ? n.min_length + int64_t(rng() % uint64_t(spread))
+                                   : n.max_length >= 0 && rng() % 2 ? n.max_length : n.min_length;
+  std::string s;
+  for (int64_t i = 0; i < length; ++i) s += kChars[rng() % std::size(kChars)];
+  return s;
+}
+
+// A random integer within the node's bounds: near one end or anywhere between (an absent bound:
+// 1000 past the other one or 0, kept within int64).
+int64_t random_integer(const JsonSchemaNode& n, std::mt19937& rng) {
+  using i128 = __int128;
+  const i128 lo = n.minimum ? i128(*n.minimum)
+                            : std::max<i128>(i128(INT64_MIN), std::min<i128>(n.maximum.value_or(0), 0) - 1000);
+  const i128 hi = n.maximum ? i128(*n.maximum) : std::min<i128>(i128(INT64_MAX), std::max<i128>(lo, 0) + 1000);
+  const uint64_t r = uint64_t(rng()) << 32 | rng();
+  switch (rng() % 3) {
+    case 0: return int64_t(std::min(hi, lo + i128(r % 20)));
+    case 1: return int64_t(std::max(lo, hi - i128(r % 20)));
+    default: return int64_t(lo + i128(r) % (hi - lo + 1));
+  }
+}
 
 // A random instance of node i (any: a small random value).
 ojson instance(const JsonSchema& s, int32_t i, std::mt19937& rng, int depth) {
@@ -220,8 +315,8 @@ ojson instance(const JsonSchema& s, int32_t i, std::mt19937& rng, int depth) {
       for (int64_t k = 0; k < count; ++k) a.push_back(instance(s, n.items, rng, depth + 1));
       return a;
     }
-    case kJsonString: return pick(2) ? "s\u00e9 \"q\"" : "";
-    case kJsonInteger: return int(pick(2000)) - 1000;
+    case kJsonString: return random_string(n, rng);
+    case kJsonInteger: return random_integer(n, rng);
     case kJsonNumber: return pick(2) ? ojson(double(pick(1000)) / 8.0 - 50) : ojson(pick(9));
     case kJsonBoolean: return pick(2) == 0;
     default: return nullptr;
@@ -229,7 +324,9 @@ ojson instance(const JsonSchema& s, int32_t i, std::mt19937& rng, int depth) {
 }
 
 // A random change to the tree: a member dropped, added, replaced or moved; an element dropped,
-// repeated or replaced; a scalar of another type. The result may or may not still be valid.
+// repeated or replaced; a scalar of another type; an integer one off, of the other sign or without
+// its last digit, a string one character longer or shorter (the edges of the bounds). The result
+// may or may not still be valid.
 void mutate_tree(ojson& root, std::mt19937& rng) {
   auto pick = [&](size_t n) { return size_t(rng() % uint32_t(n)); };
   std::vector<ojson*> nodes;
@@ -242,8 +339,28 @@ void mutate_tree(ojson& root, std::mt19937& rng) {
       for (auto& x : *v) stack.push_back(&x);
   }
   ojson* v = nodes[pick(nodes.size())];
-  const ojson scalars[] = {1, 10, 2.5, "x", "c", true, nullptr, ojson::array(), ojson::object()};
+  const ojson scalars[] = {1, 10, 2.5, "x", "c", true, nullptr, ojson::array(), ojson::object(), -15, INT64_MAX, "",
+                           "\xF0\x9F\x98\x80\xF0\x9F\x98\x80"};
   const ojson other = scalars[pick(std::size(scalars))];
+  if (v->is_number_integer() && !v->is_number_unsigned() && pick(2)) {
+    const int64_t x = v->get<int64_t>();
+    switch (pick(4)) {
+      case 0: *v = x == INT64_MAX ? x : x + 1; return;
+      case 1: *v = x == INT64_MIN ? x : x - 1; return;
+      case 2: *v = x / 10; return;  // its digits but the last: a prefix of it
+      default: *v = x == INT64_MIN ? x : -x; return;
+    }
+  }
+  if (v->is_string() && pick(2)) {
+    std::string& str = v->get_ref<std::string&>();
+    if (str.empty() || pick(2)) {
+      str += pick(2) ? "b" : "\xE6\x9D\xB1";
+    } else {
+      while ((uint8_t(str.back()) & 0xC0) == 0x80) str.pop_back();  // the last character's continuation bytes
+      str.pop_back();
+    }
+    return;
+  }
   if (v->is_object() && !v->empty()) {
     std::vector<std::string> keys;
     for (const auto& [k, x] : v->items()) keys.push_back(k);
@@ -272,10 +389,140 @@ void mutate_tree(ojson& root, std::mt19937& rng) {
   else (*v)["added"] = other;
 }
 
+// The characters that only string values hold (no key or enum value, which the recogniser matches
+// as written) as \u escapes: a surrogate pair for U+1F600, one escape for U+6771.
+std::string escape_some(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text.compare(i, 4, "\xF0\x9F\x98\x80") == 0) {
+      out += R"(\ud83d\uDE00)";
+      i += 3;
+    } else if (text.compare(i, 3, "\xE6\x9D\xB1") == 0) {
+      out += R"(\u6771)";
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+// ---- property tests of one bounded value: random bounds, random texts at and around them ----
+
+std::string to_text(__int128 x) {
+  const bool negative = x < 0;
+  unsigned __int128 m = negative ? 0 - (unsigned __int128)(x) : (unsigned __int128)(x);
+  std::string digits;
+  do digits.insert(digits.begin(), char('0' + int(m % 10))); while ((m /= 10) > 0);
+  return negative ? "-" + digits : digits;
+}
+
+// Integer texts around the node's bounds: each bound and its neighbours (beyond int64 too), 0 and
+// -0, and random ones; then each with its last digit dropped, a digit appended, a leading zero, its
+// sign flipped; and random digit strings of up to 25 digits.
+std::vector<std::string> integer_texts_around(const JsonSchemaNode& n, std::mt19937& rng) {
+  std::vector<__int128> values = {0, int64_t(rng() % 2000) - 1000, INT64_MAX, INT64_MIN};
+  for (const auto& b : {n.minimum, n.maximum})
+    if (b)
+      for (int d = -2; d <= 2; ++d) values.push_back(__int128(*b) + d);
+  std::vector<std::string> texts = {"-0", "00", "-00"};
+  for (__int128 v : values) {
+    const std::string t = to_text(v);
+    texts.push_back(t);
+    texts.push_back(to_text(-v));
+    if (t.size() > 1 && t != "-0") texts.push_back(t.substr(0, t.size() - 1));
+    texts.push_back(t + char('0' + rng() % 10));
+    texts.push_back(v < 0 ? "-0" + t.substr(1) : "0" + t);
+  }
+  for (int i = 0; i < 10; ++i) {
+    std::string t = rng() % 2 ? "-" : "";
+    for (int k = int(rng() % 25); k >= 0; --k) t += char('0' + rng() % 10);
+    texts.push_back(t);
+  }
+  return texts;
+}
+
+// Strings of up to maxLength + 2 (or minLength + 4) characters, each written one of many ways: a
+// raw UTF-8 sequence of 1 to 4 bytes, a short escape, a \u escape, a surrogate pair.
+std::vector<std::string> string_texts_around(const JsonSchemaNode& n, std::mt19937& rng) {
+  static const char* kChars[] = {"a",          "\xC3\xA9",    "\xE6\x9D\xB1",     "\xF0\x9F\x98\x80",
+                                 R"(\n)",       R"(\")",       R"(\\)",           R"(\/)",
+                                 R"(\u00e9)",   R"(\u6771)",   R"(\uD83D\uDE00)", R"(\ud83d\ude00)",
+                                 R"(\u0000)"};
+  const int64_t longest = n.max_length >= 0 ? n.max_length + 2 : n.min_length + 4;
+  std::vector<std::string> texts;
+  for (int64_t length = 0; length <= longest; ++length) {
+    for (int i = 0; i < 3; ++i) {
+      std::string t = "\"";
+      for (int64_t k = 0; k < length; ++k) t += kChars[rng() % std::size(kChars)];
+      texts.push_back(t + "\"");
+    }
+  }
+  return texts;
+}
+
+// Feeds text byte by byte until a byte is refused: whether all of it was accepted as a complete
+// value, and the length of the first accepted prefix that is a dead end (npos: none).
+struct Fed {
+  bool complete = false;
+  size_t dead_end = std::string::npos;
+};
+Fed feed_checked(const JsonSchema& s, const std::string& text) {
+  JsonPrefix p(&s);
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (!test::can_continue(p)) return {false, i};
+    if (!p.feed(uint8_t(text[i]))) return {};
+  }
+  return {p.complete(), test::can_continue(p) ? std::string::npos : text.size()};
+}
+
+// {"v": TEXT} for each text: accepted exactly when the validator accepts it parsed, and no
+// accepted prefix is a dead end.
+void expect_agreement(const JsonSchema& s, const ojson& raw, const std::vector<std::string>& texts) {
+  for (const auto& t : texts) {
+    const std::string text = R"({"v":)" + t + "}";
+    const ojson parsed = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+    const bool want = !parsed.is_discarded() && test::valid(s, s.root(), parsed);
+    const Fed fed = feed_checked(s, text);
+    ASSERT_EQ(fed.dead_end, std::string::npos) << raw.dump() << "\ndead end in " << text;
+    ASSERT_EQ(fed.complete, want) << raw.dump() << "\n" << text;
+  }
+}
+
+TEST(JsonSchema, RandomIntegerBoundsAgreeWithTheValidator) {
+  std::mt19937 rng(std::random_device{}());
+  SchemaMaker maker{rng};
+  for (int iter = 0; iter < 300; ++iter) {
+    ojson v = {{"type", rng() % 4 ? ojson("integer") : ojson::array({"integer", "null"})}};
+    maker.add_integer_bounds(v);
+    const ojson raw = {{"type", "object"}, {"properties", {{"v", v}}}, {"required", {"v"}}};
+    auto s = JsonSchema::compile(raw);
+    ASSERT_TRUE(s.ok()) << s.message() << "\n" << raw.dump();
+    const JsonSchemaNode& n = (*s)->node((*s)->node(0).properties[0].node);
+    expect_agreement(**s, raw, integer_texts_around(n, rng));
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(JsonSchema, RandomStringLengthsAgreeWithTheValidator) {
+  std::mt19937 rng(std::random_device{}());
+  SchemaMaker maker{rng};
+  for (int iter = 0; iter < 300; ++iter) {
+    ojson v = {{"type", rng() % 4 ? ojson("string") : ojson::array({"string", "null"})}};
+    maker.add_lengths(v);
+    const ojson raw = {{"type", "object"}, {"properties", {{"v", v}}}, {"required", {"v"}}};
+    auto s = JsonSchema::compile(raw);
+    ASSERT_TRUE(s.ok()) << s.message() << "\n" << raw.dump();
+    const JsonSchemaNode& n = (*s)->node((*s)->node(0).properties[0].node);
+    expect_agreement(**s, raw, string_texts_around(n, rng));
+    if (HasFatalFailure()) return;
+  }
+}
+
 TEST(JsonSchema, RandomSchemasInstancesAndMutations) {
   std::mt19937 rng(std::random_device{}());
   SchemaMaker maker{rng};
-  const std::string alphabet = "{}[]\":,0123456789.-eEtruefalsn \nxabc\xC3\xA9";
+  const std::string alphabet = "{}[]\":,0123456789.-eEtruefalsn \nxabc\\\xC3\xA9";
   int complete_mutants = 0, agree_valid = 0;
   for (int iter = 0; iter < 400; ++iter) {
     ojson raw = maker.make_object(3);
@@ -286,16 +533,21 @@ TEST(JsonSchema, RandomSchemasInstancesAndMutations) {
     const JsonSchema& s = **compiled;
     for (int k = 0; k < 5; ++k) {
       const ojson inst = instance(s, s.root(), rng, 0);
-      const std::string text = inst.dump(int(rng() % 3) - 1);
-      ASSERT_TRUE(valid(s, s.root(), inst)) << "generator: " << text;
-      ASSERT_TRUE(accepts(s, text)) << "schema " << raw.dump() << "\nrefused " << text;
+      std::string text = inst.dump(int(rng() % 3) - 1);
+      if (rng() % 2) text = escape_some(text);
+      ASSERT_TRUE(test::valid(s, s.root(), inst)) << "generator: " << text;
+      const Fed whole = feed_checked(s, text);
+      ASSERT_TRUE(whole.complete) << "schema " << raw.dump() << "\nrefused " << text;
+      ASSERT_EQ(whole.dead_end, std::string::npos) << text;
       // Changed as a tree: the recogniser and the validator must agree, both ways.
       ojson changed = inst;
       mutate_tree(changed, rng);
       const std::string ct = changed.dump(int(rng() % 2) - 1);
-      const bool want = valid(s, s.root(), changed);
+      const bool want = test::valid(s, s.root(), changed);
       agree_valid += want;
-      ASSERT_EQ(accepts(s, ct), want) << "schema " << raw.dump() << "\ninstance " << ct;
+      const Fed fed = feed_checked(s, ct);
+      ASSERT_EQ(fed.dead_end, std::string::npos) << "schema " << raw.dump() << "\ndead end in " << ct;
+      ASSERT_EQ(fed.complete, want) << "schema " << raw.dump() << "\ninstance " << ct;
       std::string m = text;
       for (int e = int(rng() % 3) + 1; e > 0; --e) {
         const size_t at = rng() % (m.size() + 1);
@@ -303,13 +555,9 @@ TEST(JsonSchema, RandomSchemasInstancesAndMutations) {
         if (rng() % 2 && at < m.size()) m.erase(at, 1);
         else m.insert(m.begin() + std::ptrdiff_t(at), c);
       }
-      JsonPrefix p(&s);
-      size_t i = 0;
-      for (; i < m.size(); ++i) {
-        ASSERT_TRUE(test::can_continue(p)) << "dead end after " << i << " bytes of " << m << "\nschema " << raw.dump();
-        if (!p.feed(uint8_t(m[i]))) break;
-      }
-      if (i == m.size() && p.complete()) {
+      const Fed mutant = feed_checked(s, m);
+      ASSERT_EQ(mutant.dead_end, std::string::npos) << "dead end in " << m << "\nschema " << raw.dump();
+      if (mutant.complete) {
         ASSERT_TRUE(test::is_json_object(m)) << m;
         ojson parsed;
         try {
@@ -318,7 +566,7 @@ TEST(JsonSchema, RandomSchemasInstancesAndMutations) {
           continue;  // a number beyond double's range: valid JSON that nlohmann cannot hold
         }
         ++complete_mutants;
-        EXPECT_TRUE(valid(s, s.root(), parsed)) << "accepted an invalid instance " << m << "\nschema " << raw.dump();
+        EXPECT_TRUE(test::valid(s, s.root(), parsed)) << "accepted an invalid instance " << m << "\nschema " << raw.dump();
       }
     }
   }
